@@ -1,0 +1,36 @@
+# Set-up and entry points. `make run` and `make test` work on a fresh machine:
+# they create .venv if missing, install the CPU build of torch first (a bare `torch`
+# requirement could pull a multi-GB CUDA build), then the project in editable mode.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.prunelab-installed
+TORCH_SPEC ?= torch==2.13.0
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-all clean-venv
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+## Prune and evaluate the default experiment (extra Hydra overrides: make run ARGS="pruning=wanda")
+run: setup
+	$(VENV)/bin/prunelab $(ARGS)
+
+## The test suite without the slow, study-sized checks
+test: setup
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+## Everything, slow reproductions included
+test-all: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,656 @@
+"""Results tables: settings x metrics, "mean ± std (n)" over seeds, tested against a baseline.
+
+Why this shape: a paper claim is a comparison across seeds against a named baseline at the same
+model and sparsity, with the dense model as reference. `build_summary` computes that as a tidy
+frame (one row per setting and metric, all numbers kept, written as table.csv); `format_table`
+turns it into the human table (table.md / table.tex); `pivot` gives the paper-style
+"method x sparsity" grid; `compare_runs` tests two single runs item by item.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from prunelab.analysis import stats
+from prunelab.analysis.records import (LABEL_PREFIX, AnalysisError, RunRecord, label_order,
+                                       label_columns, select_label_columns)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GROUP_BY = ("signature",)
+#: Label keys a setting must share with its baseline (those present in the data are used).
+DEFAULT_MATCH_ON = ("model", "sparsity", "sparsity_type", "layers_removed")
+DENSE_METHOD = "dense"
+SIGNATURE_PATTERN = re.compile(r"^[0-9a-f]{16}$")
+SUMMARY_NUMBER_COLUMNS = ("n", "mean", "std", "ci_low", "ci_high", "n_pairs", "baseline_mean",
+                          "diff_mean", "diff_ci_low", "diff_ci_high", "t_statistic", "p_t",
+                          "w_statistic", "p_wilcoxon", "p_t_holm", "p_wilcoxon_holm")
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def available_metrics(frame: pd.DataFrame) -> list[str]:
+    """Metric keys present in the frame, sorted."""
+    return sorted(frame["metric"].dropna().unique()) if "metric" in frame else []
+
+
+def select_metrics(frame: pd.DataFrame, requested: Sequence[str] | None) -> list[str]:
+    """The requested metric keys (shell-style patterns allowed, e.g. `ppl/*`), or all of them.
+
+    Raises AnalysisError naming the available metrics when a request matches none.
+    """
+    available = available_metrics(frame)
+    if not requested:
+        return available
+    chosen: list[str] = []
+    for pattern in requested:
+        matches = fnmatch.filter(available, pattern)
+        if not matches:
+            raise AnalysisError(
+                f"unknown metric {pattern!r}; available: {', '.join(available) or 'none'}")
+        chosen += [metric for metric in matches if metric not in chosen]
+    return chosen
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def build_summary(frame: pd.DataFrame, metrics: Sequence[str] | None = None,
+                  group_by: Sequence[str] | None = None, baseline: str | None = None,
+                  match_on: Sequence[str] | None = None, confidence_level: float = 0.95,
+                  n_resamples: int = stats.DEFAULT_N_RESAMPLES,
+                  seed: int = stats.DEFAULT_SEED) -> pd.DataFrame:
+    """The tidy table: one row per (setting, metric), plus one dense reference row per
+    (model, metric).
+
+    A setting is one value of `group_by` (default: the record signature, i.e. everything but the
+    seed). Columns: setting, labels.*, metric, higher_is_better, n, seeds, mean, std (ddof=1),
+    ci_low/ci_high (t-interval of the mean), stamp, is_dense, note; with a `baseline` selector
+    (see `resolve_baseline`) also is_baseline, baseline, n_pairs, baseline_mean, diff_mean
+    (setting - baseline), diff_ci_low/high (paired bootstrap), t_statistic, p_t, w_statistic,
+    p_wilcoxon and the Holm-adjusted p_t_holm / p_wilcoxon_holm over all comparisons in the table.
+    """
+    metrics = select_metrics(frame, metrics)
+    group_by = select_label_columns(group_by or DEFAULT_GROUP_BY, frame)
+    data = frame[frame["metric"].isin(metrics)]
+    settings = [_setting_row(rows, group_by, key)
+                for key, rows in data.groupby(group_by + ["metric"], dropna=False, sort=False)]
+    summary = pd.DataFrame(settings)
+    if baseline:
+        summary = add_baseline_comparisons(summary, data, baseline, match_on, confidence_level,
+                                           n_resamples, seed)
+    dense = dense_reference(data, metrics)
+    if not dense.empty:
+        summary = pd.concat([dense, summary], ignore_index=True)
+    if "is_baseline" in summary:
+        summary["is_baseline"] = summary["is_baseline"].fillna(False).astype(bool)
+    return order_rows(summary, metrics)
+
+
+def _setting_row(rows: pd.DataFrame, group_by: list[str], key: tuple) -> dict[str, Any]:
+    values = rows["value"].astype(float).to_numpy()
+    ci_low, ci_high = stats.mean_confidence_interval(values)
+    notes = []
+    if rows["stamp"].nunique(dropna=False) > 1:
+        notes.append("setting mixes protocol stamps; not compared")
+    duplicated = sorted(rows.loc[rows["seed"].duplicated(), "seed"].unique())
+    if duplicated:
+        notes.append(f"seed(s) {duplicated} appear in more than one record; not compared")
+    row: dict[str, Any] = {
+        "setting": _setting_name(group_by, key[:-1]),
+        **{column: _common_value(rows[column]) for column in label_columns(rows)},
+        "metric": key[-1], "higher_is_better": _common_value(rows["higher_is_better"]),
+        "n": len(values), "seeds": ",".join(map(str, sorted(rows["seed"]))),
+        "mean": float(np.mean(values)),
+        "std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
+        "ci_low": ci_low, "ci_high": ci_high, "stamp": _common_value(rows["stamp"]),
+        "signatures": ",".join(sorted(rows["signature"].unique())),
+        "is_dense": False, "note": "; ".join(notes),
+    }
+    return row
+
+
+def dense_reference(frame: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
+    """One row per (model, metric) with the dense model's value from the records'
+    `metrics.dense` (the same for every record of a model under one protocol)."""
+    model_column = LABEL_PREFIX + "model"
+    rows = []
+    group_keys = [model_column] if model_column in frame else []
+    for key, model_rows in (frame.groupby(group_keys + ["metric"], dropna=False, sort=False)
+                            if group_keys else frame.groupby(["metric"], sort=False)):
+        key = key if isinstance(key, tuple) else (key,)
+        metric = key[-1]
+        if metric not in metrics:
+            continue
+        dense = model_rows.dropna(subset=["dense_value"])
+        if dense.empty:
+            continue
+        stamps = dense["dense_stamp"].value_counts()
+        stamp = stamps.index[0]
+        values = dense.loc[dense["dense_stamp"] == stamp, "dense_value"].astype(float)
+        note = ""
+        if len(stamps) > 1 or values.nunique() > 1:
+            note = "dense value differs between records; most common protocol shown"
+            log.warning("%s %s: %s", key[0] if group_keys else "", metric, note)
+        row = {"setting": f"{DENSE_METHOD}:{key[0]}" if group_keys else DENSE_METHOD,
+               LABEL_PREFIX + "method": DENSE_METHOD, "metric": metric,
+               "higher_is_better": _common_value(dense["higher_is_better"]), "n": 1, "seeds": "",
+               "mean": float(values.iloc[0]), "std": math.nan, "ci_low": math.nan,
+               "ci_high": math.nan, "stamp": stamp, "signatures": "", "is_dense": True,
+               "note": note}
+        if group_keys:
+            row[model_column] = key[0]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- baseline
+
+
+def parse_baseline(selector: str) -> dict[str, str] | str:
+    """A baseline selector: a 16-hex signature (returned as str) or `key=value[,key=value]` label
+    filters (returned as a dict)."""
+    selector = selector.strip()
+    if SIGNATURE_PATTERN.match(selector):
+        return selector
+    filters = {}
+    for part in filter(None, (p.strip() for p in selector.split(","))):
+        if "=" not in part:
+            raise AnalysisError(
+                f"bad baseline {selector!r}: use a signature or label filters like "
+                "allocation=uniform,method=wanda")
+        key, value = (s.strip() for s in part.split("=", 1))
+        filters[key] = value
+    if not filters:
+        raise AnalysisError("empty baseline selector")
+    return filters
+
+
+def resolve_baseline(summary: pd.DataFrame, selector: str) -> tuple[pd.Series, list[str]]:
+    """Which non-dense summary rows are baseline rows, and the label columns the selector fixes.
+
+    Raises AnalysisError for an unknown label or a selector that matches nothing.
+    """
+    parsed = parse_baseline(selector)
+    if isinstance(parsed, str):
+        mask = summary["signatures"].str.split(",").apply(lambda sigs: parsed in sigs)
+        if not mask.any():
+            raise AnalysisError(f"unknown baseline {selector!r}: no setting has that signature")
+        return mask, []
+    columns = select_label_columns(list(parsed), summary)
+    mask = pd.Series(True, index=summary.index)
+    for column, wanted in zip(columns, parsed.values()):
+        mask &= summary[column].apply(lambda value, wanted=wanted: _label_equals(value, wanted))
+    mask &= ~summary["is_dense"]
+    if not mask.any():
+        seen = {column: sorted(map(str, summary[column].dropna().unique())) for column in columns}
+        raise AnalysisError(
+            f"unknown baseline {selector!r}: no setting matches (values seen: "
+            + "; ".join(f"{c.removeprefix(LABEL_PREFIX)}: {', '.join(v)}" for c, v in seen.items())
+            + ")")
+    return mask, columns
+
+
+def add_baseline_comparisons(summary: pd.DataFrame, frame: pd.DataFrame, selector: str,
+                             match_on: Sequence[str] | None = None,
+                             confidence_level: float = 0.95,
+                             n_resamples: int = stats.DEFAULT_N_RESAMPLES,
+                             seed: int = stats.DEFAULT_SEED) -> pd.DataFrame:
+    """Compare every setting with its baseline, paired by seed, and Holm-adjust the p-values.
+
+    A setting's baseline is the baseline row of the same metric that agrees with it on the
+    `match_on` labels (default: model, sparsity, sparsity_type, layers_removed, where present;
+    labels the selector fixes are not matched; for a signature selector, only the model). Refusals (different protocol, no shared seed,
+    missing or ambiguous baseline) leave NaN numbers and say why in `note`.
+    """
+    summary = summary.copy()
+    is_baseline, fixed = resolve_baseline(summary, selector)
+    if match_on is None:
+        # One named run-setting is the baseline for every setting of its model.
+        by_signature = isinstance(parse_baseline(selector), str)
+        match_on = ("model",) if by_signature else DEFAULT_MATCH_ON
+    match_columns = [LABEL_PREFIX + key if not key.startswith(LABEL_PREFIX) else key
+                     for key in match_on]
+    match_columns = [c for c in match_columns if c in summary.columns and c not in fixed]
+    summary["is_baseline"] = is_baseline
+    for column in SUMMARY_NUMBER_COLUMNS[5:]:
+        summary[column] = math.nan
+    summary["baseline"] = ""
+    per_seed = _values_by_setting_and_metric(summary, frame)
+    for index, row in summary.iterrows():
+        if row["is_baseline"]:
+            continue
+        candidates = summary[is_baseline & (summary["metric"] == row["metric"])]
+        for column in match_columns:
+            candidates = candidates[candidates[column].apply(
+                lambda value, wanted=row[column]: _same_label(value, wanted))]
+        if len(candidates) != 1:
+            what = "no" if candidates.empty else f"{len(candidates)} matching (ambiguous)"
+            keys = ", ".join(c.removeprefix(LABEL_PREFIX) for c in match_columns) or "any label"
+            _add_note(summary, index, f"{what} baseline with the same {keys}")
+            continue
+        base = candidates.iloc[0]
+        summary.at[index, "baseline"] = base["setting"]
+        if row["note"] or base["note"]:
+            _add_note(summary, index, "not compared (see setting notes)")
+            continue
+        try:
+            comparison = stats.compare_across_seeds(
+                per_seed[(row["setting"], row["metric"])],
+                per_seed[(base["setting"], base["metric"])],
+                _protocol(frame, row), _protocol(frame, base), what=row["metric"],
+                confidence_level=confidence_level, n_resamples=n_resamples, seed=seed)
+        except stats.PairingError as error:
+            _add_note(summary, index, str(error))
+            continue
+        summary.loc[index, ["n_pairs", "baseline_mean", "diff_mean", "diff_ci_low", "diff_ci_high",
+                            "t_statistic", "p_t", "w_statistic", "p_wilcoxon"]] = [
+            comparison.n, comparison.mean_baseline, comparison.mean_difference,
+            comparison.ci_low, comparison.ci_high, comparison.t_statistic, comparison.p_t,
+            comparison.w_statistic, comparison.p_wilcoxon]
+        for note in comparison.notes:
+            _add_note(summary, index, note)
+    summary["p_t_holm"] = stats.holm(summary["p_t"].to_numpy(dtype=float))
+    summary["p_wilcoxon_holm"] = stats.holm(summary["p_wilcoxon"].to_numpy(dtype=float))
+    return summary
+
+
+def _values_by_setting_and_metric(summary: pd.DataFrame,
+                                  frame: pd.DataFrame) -> dict[tuple[str, str], dict[int, float]]:
+    names = {signatures: name for name, signatures in
+             summary[["setting", "signatures"]].drop_duplicates().itertuples(index=False)}
+    by_signature = {sig: name for signatures, name in names.items() for sig in signatures.split(",")}
+    values: dict[tuple[str, str], dict[int, float]] = {}
+    for row in frame[["signature", "metric", "seed", "value"]].itertuples(index=False):
+        setting = by_signature.get(row.signature)
+        if setting is not None:
+            values.setdefault((setting, row.metric), {})[int(row.seed)] = float(row.value)
+    return values
+
+
+def _protocol(frame: pd.DataFrame, row: pd.Series) -> Mapping[str, Any] | None:
+    signatures = row["signatures"].split(",")
+    match = frame[frame["signature"].isin(signatures) & (frame["metric"] == row["metric"])]
+    return match["protocol"].iloc[0] if len(match) else None
+
+
+# --------------------------------------------------------------------------- ordering / display
+
+
+def order_rows(summary: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """Rows by model, dense reference first, then by the labels (numbers sorted as numbers),
+    metric order as requested."""
+    if summary.empty:
+        return summary
+    summary = summary.copy()
+    summary["_dense_last"] = ~summary["is_dense"].astype(bool)
+    order = {metric: i for i, metric in enumerate(metrics or available_metrics(summary))}
+    summary["_metric_order"] = summary["metric"].map(order)
+    keys = ([LABEL_PREFIX + "model"] if LABEL_PREFIX + "model" in summary else [])
+    keys += ["_dense_last"] + [c for c in label_columns(summary) if c not in keys]
+    keys += ["setting", "_metric_order"]
+    summary = summary.sort_values(keys, key=_sort_key, na_position="first", kind="stable")
+    summary = summary.drop(columns=["_dense_last", "_metric_order"]).reset_index(drop=True)
+    return summary[_column_order(summary)]
+
+
+def _column_order(summary: pd.DataFrame) -> list[str]:
+    labels = sorted(label_columns(summary), key=label_order)
+    first = ["setting", *labels, "metric", "higher_is_better", *SUMMARY_NUMBER_COLUMNS[:5],
+             "seeds", "is_dense", "is_baseline", "baseline", *SUMMARY_NUMBER_COLUMNS[5:]]
+    last = ["note", "stamp", "signatures"]
+    present = [c for c in first if c in summary.columns]
+    rest = [c for c in summary.columns if c not in present and c not in last]
+    return present + rest + [c for c in last if c in summary.columns]
+
+
+def display_label_columns(summary: pd.DataFrame, always: Sequence[str] = ()) -> list[str]:
+    """Label columns worth showing: those that vary across settings, plus model, method and any
+    in `always`."""
+    settings = summary[~summary["is_dense"].astype(bool)]
+    shown = []
+    for column in label_columns(summary):
+        name = column.removeprefix(LABEL_PREFIX)
+        varies = settings[column].astype(str).nunique() > 1
+        if varies or name in ("model", "method") or column in always:
+            shown.append(column)
+    return shown
+
+
+def format_table(summary: pd.DataFrame, decimals: int | None = None,
+                 label_columns_shown: Sequence[str] | None = None
+                 ) -> tuple[pd.DataFrame, list[str]]:
+    """The human table: one row per setting (dense rows included), label columns, then per metric
+    "mean ± std (n)" and, when compared with a baseline, "Δ [95% CI]", p (t), p (W) and p (Holm,
+    t). Returns (table of strings, notes); notes explain NaN cells and refusals."""
+    shown = list(label_columns_shown or display_label_columns(summary))
+    metrics = list(dict.fromkeys(summary["metric"]))
+    compared = "p_t" in summary.columns
+    prefix = len(metrics) > 1
+    rows: dict[str, dict[str, str]] = {}
+    notes: dict[str, list[str]] = {}
+    for metric in metrics:
+        part = summary[summary["metric"] == metric]
+        digits = decimals if decimals is not None else _decimals_for(part["mean"])
+        head = f"{metric} " if prefix else ""
+        for _, row in part.iterrows():
+            cells = rows.setdefault(row["setting"], {
+                column.removeprefix(LABEL_PREFIX): _text(row.get(column)) for column in shown})
+            cells[metric] = _mean_cell(row, digits)
+            if compared:
+                cells.update(_comparison_cells(row, digits, head))
+            if row.get("note"):
+                notes.setdefault(row["note"], []).append(f"{_row_name(row, shown)} [{metric}]")
+    table = pd.DataFrame(list(rows.values())).fillna("")
+    note_lines = [f"{note} ({'; '.join(where)})" for note, where in notes.items()]
+    return table, note_lines
+
+
+def to_markdown(table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
+    """A GitHub-flavoured markdown table; numeric-looking columns right-aligned; notes below."""
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|")
+
+    header = "| " + " | ".join(cell(c) for c in table.columns) + " |"
+    align = "|" + "|".join("---:" if _is_numeric_column(table[c]) else "---"
+                           for c in table.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    text = "\n".join([header, align, *body]) + "\n"
+    if notes:
+        text += "\nNotes:\n" + "".join(f"- {note}\n" for note in notes)
+    return text
+
+
+def to_latex(table: pd.DataFrame, notes: Sequence[str] = (), group_column: str = "model") -> str:
+    """A booktabs `tabular` (for \\input inside a table environment); \\midrule between models;
+    notes as LaTeX comments above it."""
+    spec = "".join("r" if _is_numeric_column(table[c]) else "l" for c in table.columns)
+    lines = [f"% note: {_latex_escape(note)}" for note in notes]
+    lines += [f"\\begin{{tabular}}{{{spec}}}", "\\toprule",
+              " & ".join(_latex_escape(c) for c in table.columns) + " \\\\", "\\midrule"]
+    previous = None
+    for row in table.itertuples(index=False):
+        group = getattr(row, group_column, None) if group_column in table.columns else None
+        if previous is not None and group != previous:
+            lines.append("\\midrule")
+        previous = group
+        lines.append(" & ".join(_latex_escape(v) for v in row) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def pivot(summary: pd.DataFrame, index: Sequence[str] | str, columns: str, metric: str,
+          values: str = "cell", decimals: int | None = None) -> pd.DataFrame:
+    """Paper-style grid for one metric, e.g. index=labels.method, columns=labels.sparsity.
+
+    values="cell" gives "mean ± std" strings, any summary column (mean, diff_mean, p_t_holm...)
+    gives numbers. The dense reference becomes a row repeated under every column. The model is
+    added to the index when the summary holds several.
+    """
+    index = [index] if isinstance(index, str) else list(index)
+    index, columns = select_label_columns(index, summary), select_label_columns([columns],
+                                                                                summary)[0]
+    model = LABEL_PREFIX + "model"
+    if model in summary and summary[model].nunique() > 1 and model not in index:
+        index = [model] + index
+    part = summary[summary["metric"] == metric].copy()
+    if part.empty:
+        raise AnalysisError(f"unknown metric {metric!r} for pivot")
+    digits = decimals if decimals is not None else _decimals_for(part["mean"])
+    part["cell"] = [_mean_cell(row, digits, with_n=False) for _, row in part.iterrows()]
+    settings, dense = part[~part["is_dense"]], part[part["is_dense"]]
+    duplicated = settings.duplicated(index + [columns], keep=False)
+    if duplicated.any():
+        raise AnalysisError(
+            f"pivot is ambiguous: several settings share {', '.join(index + [columns])}; "
+            "add a label to the index (e.g. allocation)")
+    grid = settings.pivot(index=index, columns=columns, values=values)
+    grid = grid[sorted(grid.columns, key=_numeric_first)]
+    if not dense.empty:
+        dense_rows = []
+        for _, row in dense.iterrows():
+            label = tuple(row[c] if c == model else DENSE_METHOD for c in index)
+            dense_rows.append(pd.Series({c: row[values] for c in grid.columns},
+                                        name=label if len(index) > 1 else label[0]))
+        grid = pd.concat([pd.DataFrame(dense_rows), grid])
+        if len(index) > 1:
+            grid.index = pd.MultiIndex.from_tuples(grid.index, names=index)
+        else:
+            grid.index.name = index[0]
+    grid.columns.name = columns
+    return grid
+
+
+def pivot_for_output(grid: pd.DataFrame) -> pd.DataFrame:
+    """A pivot grid flattened to plain columns (index levels first) for md/tex/csv output."""
+    flat = grid.reset_index()
+    flat.columns = [_text(c).removeprefix(LABEL_PREFIX) for c in flat.columns]
+    return flat.map(_text)
+
+
+def write_outputs(summary: pd.DataFrame, out_dir: str | Path, formats: Iterable[str] = ("md", "tex", "csv"),
+                  name: str = "table", decimals: int | None = None) -> dict[str, Path]:
+    """Write `<name>.md` / `.tex` (formatted) and `.csv` (the tidy numeric summary)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table, notes = format_table(summary, decimals)
+    written = {}
+    for fmt in formats:
+        path = out_dir / f"{name}.{fmt}"
+        if fmt == "md":
+            path.write_text(to_markdown(table, notes), encoding="utf-8")
+        elif fmt == "tex":
+            path.write_text(to_latex(table, notes), encoding="utf-8")
+        elif fmt == "csv":
+            summary.to_csv(path, index=False)
+        else:
+            raise AnalysisError(f"unknown format {fmt!r}; use md, tex, csv")
+        written[fmt] = path
+    return written
+
+
+def read_summary_csv(path: str | Path) -> pd.DataFrame:
+    """Read a table.csv written by `write_outputs` back into a summary frame."""
+    summary = pd.read_csv(path, dtype={"setting": str, "seeds": str, "signatures": str,
+                                       "baseline": str, "note": str, "stamp": str})
+    for column in ("is_dense", "is_baseline"):
+        if column in summary:
+            summary[column] = summary[column].astype(str).str.lower().eq("true")
+    for column in ("note", "baseline", "seeds", "signatures", "stamp"):
+        if column in summary:
+            summary[column] = summary[column].fillna("")
+    return summary
+
+
+# --------------------------------------------------------------------------- two single runs
+
+
+def compare_runs(record_a: RunRecord, record_b: RunRecord, metrics: Sequence[str] | None = None,
+                 confidence_level: float = 0.95,
+                 n_resamples: int = stats.DEFAULT_N_RESAMPLES,
+                 seed: int = stats.DEFAULT_SEED) -> pd.DataFrame:
+    """Item-level tests between two runs, one row per shared metric (difference = a - b).
+
+    Perplexity metrics: paired bootstrap over windows/documents. Per-item 0/1 metrics
+    (zero-shot accuracy): McNemar, exact binomial p (`p`) and continuity-corrected chi-square
+    (`p_chi2`). Metrics with different protocol stamps or no samples get a note instead.
+    """
+    metrics_a, metrics_b = record_a.metrics(), record_b.metrics()
+    shared = [key for key in metrics_a if key in metrics_b]
+    if metrics:
+        frame = pd.DataFrame({"metric": shared})
+        shared = select_metrics(frame, metrics)
+    rows = []
+    for key in shared:
+        a, b = metrics_a[key], metrics_b[key]
+        row: dict[str, Any] = {"metric": key, "value_a": a.get("value"), "value_b": b.get("value")}
+        try:
+            stats.check_same_protocol(a.get("protocol"), b.get("protocol"), key)
+            row.update(_item_test(key, a, b, confidence_level, n_resamples, seed))
+        except AnalysisError as error:
+            row["note"] = str(error)
+        rows.append(row)
+    columns = ["metric", "test", "value_a", "value_b", "difference", "ci_low", "ci_high", "p",
+               "p_chi2", "n_units", "a_only", "b_only", "note"]
+    return pd.DataFrame(rows).reindex(columns=columns)
+
+
+def _item_test(key: str, a: Mapping[str, Any], b: Mapping[str, Any], confidence_level: float,
+               n_resamples: int, seed: int) -> dict[str, Any]:
+    samples_a, samples_b = a.get("samples") or {}, b.get("samples") or {}
+    evaluator = (a.get("protocol") or {}).get("evaluator", "")
+    if evaluator == "perplexity" or key.startswith("ppl/"):
+        result = stats.paired_bootstrap_perplexity(samples_a, samples_b, confidence_level,
+                                                   n_resamples, seed)
+        note = _consistency_note(a, result.perplexity_a) or _consistency_note(b, result.perplexity_b)
+        return {"test": f"paired bootstrap over {samples_a.get('unit', 'window')}s",
+                "value_a": result.perplexity_a, "value_b": result.perplexity_b,
+                "difference": result.difference, "ci_low": result.ci_low,
+                "ci_high": result.ci_high, "p": result.pvalue, "n_units": result.n_units,
+                "note": note}
+    if "values" not in samples_a or "values" not in samples_b:
+        raise AnalysisError("no per-item samples for this metric")
+    result = stats.mcnemar(samples_a["values"], samples_b["values"])
+    return {"test": "McNemar (exact binomial)", "value_a": result.accuracy_a,
+            "value_b": result.accuracy_b, "difference": result.difference, "p": result.p_exact,
+            "p_chi2": result.p_chi2, "n_units": result.n_items, "a_only": result.a_only,
+            "b_only": result.b_only, "note": ""}
+
+
+def _consistency_note(metric: Mapping[str, Any], recomputed: float) -> str:
+    value = metric.get("value")
+    if value is None or math.isclose(float(value), recomputed, rel_tol=1e-4):
+        return ""
+    return f"recorded value {value} differs from samples' perplexity {recomputed:.6g}"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _mean_cell(row: pd.Series, digits: int, with_n: bool = True) -> str:
+    mean, std, n = row["mean"], row["std"], int(row["n"])
+    if row.get("is_dense") or not np.isfinite(std):
+        text = f"{mean:.{digits}f}"
+    else:
+        text = f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return f"{text} ({n})" if with_n and not row.get("is_dense") else text
+
+
+def _comparison_cells(row: pd.Series, digits: int, head: str) -> dict[str, str]:
+    if row.get("is_dense"):
+        values = ["", "", "", ""]
+    elif row.get("is_baseline"):
+        values = ["baseline", "", "", ""]
+    elif not np.isfinite(row["diff_mean"]):
+        values = ["n/a", "", "", ""]
+    else:
+        interval = (f" [{row['diff_ci_low']:+.{digits}f}, {row['diff_ci_high']:+.{digits}f}]"
+                    if np.isfinite(row["diff_ci_low"]) else "")
+        values = [f"{row['diff_mean']:+.{digits}f}{interval}", _p_text(row["p_t"]),
+                  _p_text(row["p_wilcoxon"]), _p_text(row["p_t_holm"])]
+    names = [f"{head}Δ [95% CI]", f"{head}p (t)", f"{head}p (W)", f"{head}p (Holm, t)"]
+    return dict(zip(names, values))
+
+
+def _p_text(p: float) -> str:
+    if not np.isfinite(p):
+        return "–"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _decimals_for(values: pd.Series) -> int:
+    finite = values[np.isfinite(values.astype(float))].abs()
+    largest = float(finite.max()) if len(finite) else 1.0
+    return 1 if largest >= 100 else 2 if largest > 1 else 3
+
+
+def _row_name(row: pd.Series, shown: Sequence[str]) -> str:
+    parts = [_text(row.get(column)) for column in shown]
+    return " ".join(part for part in parts if part) or str(row["setting"])
+
+
+def _setting_name(group_by: Sequence[str], values: tuple) -> str:
+    if list(group_by) == ["signature"]:
+        return str(values[0])
+    return ", ".join(f"{c.removeprefix(LABEL_PREFIX)}={_text(v)}" for c, v in zip(group_by, values))
+
+
+def _common_value(series: pd.Series) -> Any:
+    unique = series.dropna().unique()
+    if len(unique) == 1:
+        return unique[0]
+    return "|".join(sorted(map(str, unique))) if len(unique) else None
+
+
+def _label_equals(value: Any, wanted: str) -> bool:
+    if _is_missing(value):
+        return False
+    if str(value) == wanted:
+        return True
+    try:
+        return math.isclose(float(value), float(wanted))
+    except (TypeError, ValueError):
+        return False
+
+
+def _same_label(a: Any, b: Any) -> bool:
+    if _is_missing(a) or _is_missing(b):
+        return _is_missing(a) and _is_missing(b)
+    return a == b or str(a) == str(b)
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def _add_note(summary: pd.DataFrame, index: Any, note: str) -> None:
+    current = summary.at[index, "note"]
+    summary.at[index, "note"] = f"{current}; {note}" if current else note
+
+
+def _text(value: Any) -> str:
+    if _is_missing(value):
+        return ""
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 1:
+        return str(int(value))
+    return str(value)
+
+
+def _sort_key(series: pd.Series) -> pd.Series:
+    if series.dtype == bool:
+        return series
+    numeric = pd.to_numeric(series, errors="coerce")
+    if numeric[series.notna()].notna().all():
+        return numeric
+    return series.astype(str)
+
+
+def _numeric_first(value: Any) -> tuple:
+    try:
+        return (0, float(value), "")
+    except (TypeError, ValueError):
+        return (1, 0.0, str(value))
+
+
+def _is_numeric_column(column: pd.Series) -> bool:
+    values = [v for v in column.astype(str) if v not in ("", "–", "n/a", "baseline")]
+    return bool(values) and all(re.match(r"^[<+\-−]?\d", v) for v in values)
+
+
+_LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+                   "^": r"\textasciicircum{}", "±": r"$\pm$", "Δ": r"$\Delta$", "–": "--",
+                   "<": r"$<$", ">": r"$>$"}
+
+
+def _latex_escape(value: Any) -> str:
+    return "".join(_LATEX_SPECIALS.get(char, char) for char in str(value))

@@ -1,0 +1,149 @@
+"""`prunelab`: the Hydra entry point. The config stops here; everything below gets typed objects.
+
+    prunelab                                   # default: prune the shipped testbed model, evaluate
+    prunelab model=llama2_7b pruning=wanda     # a hub model on a GPU
+    prunelab -m seed=0,1,2 pruning.sparsity=0.5,0.6
+    prunelab aggregate records/ --out results/my_study
+
+Bad input (unknown group option, N:M with the wrong ratio, a ratio outside [0, 1), a missing path)
+ends in one line on stderr and exit code 2, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from prunelab.errors import ConfigError, PrunelabError
+from prunelab.pipeline import RunSetup, run
+
+log = logging.getLogger("prunelab")
+
+
+def config_dir() -> Path:
+    """conf/ of the checkout (editable install), or $PRUNELAB_CONF."""
+    if os.environ.get("PRUNELAB_CONF"):
+        return Path(os.environ["PRUNELAB_CONF"]).resolve()
+    return Path(__file__).resolve().parents[2] / "conf"
+
+
+CONF_DIR = config_dir()
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str] | None:
+    """Options of a config group (yaml files in conf/<group>/), or None if it is not a group."""
+    folder = conf_dir / group
+    if not folder.is_dir():
+        return None
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def check_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """Unknown group options fail here with close names suggested (Hydra's own error is a wall)."""
+    for override in overrides:
+        if override.startswith("-") or "=" not in override:
+            continue
+        key, value = override.split("=", 1)
+        group = key.lstrip("+~")
+        options = group_options(group, conf_dir)
+        if options is None or "(" in value or value in ("null", ""):
+            continue
+        for option in value.split(","):
+            if option not in options:
+                close = difflib.get_close_matches(option, options, n=3, cutoff=0.5)
+                hint = f"; did you mean {' or '.join(close)}?" if close else ""
+                raise ConfigError(f"unknown {group} option {option!r}{hint} (available: {', '.join(options)})")
+
+
+def build(node: Any, where: str) -> Any:
+    """Instantiate one config group; a bad or unused key is a ConfigError naming the group."""
+    try:
+        return hydra.utils.instantiate(node, _convert_="all")
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, PrunelabError):
+            raise cause from None
+        message = str(cause or err).splitlines()[0]
+        raise ConfigError(f"{where}: {message}") from None
+
+
+def build_setup(cfg: DictConfig) -> RunSetup:
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+    runtime = cfg.runtime
+    if runtime.threads:
+        torch.set_num_threads(int(runtime.threads))
+    try:
+        output_dir = Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # not under Hydra (tests call build_setup directly)
+        output_dir = None
+    return RunSetup(
+        model=build(cfg.model, "model"),
+        data=build(cfg.data, "data"),
+        pruning=build(cfg.pruning, "pruning"),
+        recovery=build(cfg.recovery, "recovery"),
+        evaluation=build(cfg.evaluation, "evaluation"),
+        tracker=build(cfg.tracking, "tracking"),
+        config=config,
+        seed=int(cfg.seed),
+        study=cfg.get("study"),
+        records_dir=Path(cfg.paths.records_dir),
+        cache_dir=Path(cfg.paths.cache_dir).expanduser() if cfg.paths.cache_dir else None,
+        output_dir=output_dir,
+        save_model=bool(cfg.save_model),
+        progress=bool(runtime.progress),
+        calibration_batch_size=int(runtime.calibration_batch_size),
+        skip_completed=bool(runtime.skip_completed),
+    )
+
+
+def _fail(message: str) -> None:
+    print(f"prunelab: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def hydra_entry(cfg: DictConfig) -> dict[str, Any] | None:
+    try:
+        setup = build_setup(cfg)
+        record = run(setup)
+    except PrunelabError as err:
+        _fail(str(err))
+        return None
+    summary = ", ".join(f"{k}={v['value']:.4g}" for k, v in record["metrics"].get("pruned", {}).items()
+                        if not k.startswith("zeroshot/") or k.endswith("average/acc"))
+    log.info("done in %.1f s: %s", record["timings"]["total"], summary)
+    return record
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv and argv[0] == "aggregate":
+        from prunelab.analysis.cli import main as aggregate_main
+
+        sys.exit(aggregate_main(argv[1:]))
+    if not (CONF_DIR / "config.yaml").exists():
+        _fail(f"config folder not found at {CONF_DIR}; install with `pip install -e .` from the "
+              "checkout or set PRUNELAB_CONF")
+    try:
+        check_overrides(argv)
+    except ConfigError as err:
+        _fail(str(err))
+    hydra_entry()
+
+
+if __name__ == "__main__":
+    main()

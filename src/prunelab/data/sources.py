@@ -1,0 +1,115 @@
+"""Raw text of every corpus, read the way the reference code reads it.
+
+Hub data sets (WikiText-2, C4, PTB) go through `datasets.load_dataset`; when the hub cannot be
+reached and the data set is not cached, the failure is one clear line within seconds naming the
+offline alternatives, instead of minutes of retries. The shipped testbed generator and local files
+need no network.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from unittest import mock
+from urllib.parse import urlparse
+
+from prunelab.errors import DataUnavailableError
+
+log = logging.getLogger(__name__)
+
+OFFLINE_HINT = (
+    "offline alternatives: data=testbed (the shipped corpus), or "
+    "data.calibration.source=local_text data.calibration.paths=[file.txt] "
+    "(and data.eval_corpora=[local_text] data.eval_paths=[file.txt])"
+)
+
+# How the reference code joins rows before tokenizing (SparseGPT datautils; REFERENCES.md).
+JOINERS = {
+    ("wikitext2", "train"): " ",
+    ("wikitext2", "test"): "\n\n",
+    ("ptb", "train"): " ",
+    ("ptb", "test"): " ",
+    ("c4", "validation"): " ",
+}
+DEFAULT_JOINER = "\n\n"
+
+C4_TRAIN_SHARD = "en/c4-train.00000-of-01024.json.gz"
+C4_VALIDATION_SHARD = "en/c4-validation.00000-of-00008.json.gz"
+C4_EVAL_DOCUMENTS = 1100
+
+TESTBED_DOCUMENTS = {"train": 4000, "validation": 1000, "test": 1000}
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = urlparse(constants.ENDPOINT).hostname or ""
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def load_hub_dataset(path: str, name: str | None = None, split: str = "train", **kwargs):
+    """`datasets.load_dataset`, from the local cache only when the hub is unreachable."""
+    import datasets
+
+    online = _hub_reachable()
+    try:
+        if online:
+            return datasets.load_dataset(path, name, split=split, **kwargs)
+        with mock.patch.object(datasets.config, "HF_HUB_OFFLINE", True):
+            return datasets.load_dataset(path, name, split=split, **kwargs)
+    except Exception as err:  # datasets raises ConnectionError, FileNotFoundError, ValueError...
+        reason = "the hub is unreachable and it is not cached" if not online else type(err).__name__
+        raise DataUnavailableError(f"cannot load data set {path!r} ({reason}); {OFFLINE_HINT}") from None
+
+
+def documents(corpus: str, split: str, paths: tuple[str, ...] = ()) -> list[str]:
+    """The rows (documents) of a corpus split, in the reference order."""
+    if corpus == "wikitext2":
+        return list(load_hub_dataset("wikitext", "wikitext-2-raw-v1", split=split)["text"])
+    if corpus == "ptb":
+        return list(load_hub_dataset("ptb_text_only", "penn_treebank", split=split)["sentence"])
+    if corpus == "c4":
+        shard = C4_TRAIN_SHARD if split == "train" else C4_VALIDATION_SHARD
+        rows = load_hub_dataset("allenai/c4", data_files={split: shard}, split=split)
+        return list(rows["text"] if split == "train" else rows[:C4_EVAL_DOCUMENTS]["text"])
+    if corpus == "testbed":
+        from prunelab.testbed import corpus as testbed_corpus
+
+        return testbed_corpus.documents(split, TESTBED_DOCUMENTS[split])
+    if corpus == "local_text":
+        return [Path(p).expanduser().read_text(encoding="utf-8") for p in paths]
+    raise ValueError(f"unknown corpus {corpus!r}")
+
+
+def word_perplexity_documents(corpus: str, paths: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(text scored, text counted) per document for lm-eval-style word perplexity.
+
+    lm-eval's `wikitext` task scores the detokenized page but counts words and bytes on the raw page.
+    """
+    if corpus == "wikitext2":
+        from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer
+
+        rows = load_hub_dataset("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", split="test")
+        return [(wikitext_detokenizer(row), row["page"]) for row in rows]
+    if corpus in ("testbed", "local_text"):
+        return [(doc, doc) for doc in documents(corpus, "test", paths)]
+    raise DataUnavailableError(f"word perplexity is defined for wikitext2, testbed and local_text, not {corpus}")
+
+
+def corpus_version(corpus: str, paths: tuple[str, ...] = ()) -> str:
+    """A version string for the protocol stamp (generator version, file sizes for local text)."""
+    if corpus == "testbed":
+        from prunelab.testbed import corpus as testbed_corpus
+
+        return testbed_corpus.CORPUS_VERSION
+    if corpus == "local_text":
+        return ";".join(f"{Path(p).name}:{os.path.getsize(Path(p).expanduser())}" for p in paths)
+    return "hub"

@@ -1,0 +1,21 @@
+"""Errors that end a run with one clear line instead of a traceback.
+
+`PrunelabError` and its subclasses carry a message written for the researcher at the terminal; the
+CLI prints it alone (exit code 2). Anything else is a bug and keeps its traceback.
+"""
+
+
+class PrunelabError(Exception):
+    """An expected failure with a one-line explanation."""
+
+
+class ConfigError(PrunelabError):
+    """The composed configuration is invalid; raised before any model or data is loaded."""
+
+
+class DataUnavailableError(PrunelabError):
+    """A data set cannot be reached (offline, missing file); the message names the alternative."""
+
+
+class UnsupportedModelError(PrunelabError):
+    """The checkpoint's `model_type` has no adapter."""

@@ -1,0 +1,7 @@
+"""Evaluation: perplexity (token and word protocols) and zero-shot accuracy, each stamped."""
+
+from prunelab.evaluation.metrics import Metric
+from prunelab.evaluation.perplexity import PerplexityEvaluator, PerplexitySpec
+from prunelab.evaluation.spec import EvaluationSpec
+
+__all__ = ["EvaluationSpec", "Metric", "PerplexityEvaluator", "PerplexitySpec"]

@@ -1,0 +1,158 @@
+"""Perplexity under the two protocols papers use, each stamped so numbers are never mixed.
+
+- token: the standard (SparseGPT, Wanda, OWL): the test split joined and tokenized once, cut into
+  non-overlapping `seqlen` windows (remainder dropped); per window the mean NLL of its seqlen - 1
+  predicted tokens, times seqlen; ppl = exp(sum / (windows x seqlen)).
+- word: lm-eval's `wikitext` task: one rolling loglikelihood per document over windows of
+  `seqlen` tokens (lm-eval's own window functions), word_ppl = exp(total NLL / total words).
+
+Per-window (token) or per-document (word) NLLs are kept for paired statistics.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from prunelab.data import sources
+from prunelab.data.tokens import TokenCache, eval_token_stream, tokenizer_fingerprint
+from prunelab.errors import ConfigError
+from prunelab.evaluation.metrics import Metric
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("token", "word")
+
+
+@dataclass(frozen=True)
+class PerplexitySpec:
+    """Attributes:
+    protocols: token and/or word.
+    seqlen: evaluation window; capped at the model's max_position_embeddings (the stamp says so).
+    batch_size: windows per forward pass.
+    max_windows: evaluate only the first N windows / documents (quick runs); null = all.
+    """
+
+    protocols: tuple[str, ...] = ("token",)
+    seqlen: int = 2048
+    batch_size: int = 1
+    max_windows: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "protocols", tuple(self.protocols))
+        bad = [p for p in self.protocols if p not in PROTOCOLS]
+        if bad:
+            raise ConfigError(f"evaluation.perplexity.protocols: unknown {bad}; known: token, word")
+        if self.seqlen < 2 or self.batch_size < 1:
+            raise ConfigError("evaluation.perplexity needs seqlen >= 2 and batch_size >= 1")
+
+
+def effective_seqlen(model, seqlen: int) -> int:
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit and seqlen > limit:
+        log.info("evaluation seqlen %d capped at the model's max_position_embeddings %d", seqlen, limit)
+        return int(limit)
+    return seqlen
+
+
+@torch.no_grad()
+def window_nlls(model, ids: torch.Tensor, seqlen: int, batch_size: int = 1,
+                max_windows: int | None = None, progress: bool = True) -> list[float]:
+    """Mean NLL of each non-overlapping window of `ids` ([1, L]); the remainder is dropped."""
+    n = ids.shape[1] // seqlen
+    if max_windows is not None:
+        n = min(n, max_windows)
+    if n == 0:
+        raise ValueError(f"{ids.shape[1]} tokens: not one window of {seqlen}")
+    device = model.get_input_embeddings().weight.device
+    windows = ids[0, : n * seqlen].view(n, seqlen)  # [n, T]
+    nlls: list[float] = []
+    for start in tqdm(range(0, n, batch_size), desc="ppl windows", disable=not progress, leave=False):
+        batch = windows[start : start + batch_size].to(device)  # [B, T]
+        logits = model(input_ids=batch, use_cache=False).logits.float()  # [B, T, V]
+        loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), batch[:, 1:], reduction="none")  # [B, T-1]
+        nlls.extend(loss.mean(dim=1).tolist())
+    return nlls
+
+
+@torch.no_grad()
+def rolling_document_nll(model, tokenizer, text: str, max_length: int) -> float:
+    """Total NLL of a document scored in lm-eval's disjoint rolling windows."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    tokens = tokenizer(text, add_special_tokens=False).input_ids
+    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    device = model.get_input_embeddings().weight.device
+    total = 0.0
+    windows = get_rolling_token_windows(token_list=tokens, prefix_token=prefix, max_seq_len=max_length,
+                                        context_len=1)
+    for context, continuation in map(make_disjoint_window, windows):
+        full = (context + continuation)[-(max_length + 1):]
+        inp = torch.tensor([full[:-1]], device=device)  # [1, T]
+        logprobs = F.log_softmax(model(input_ids=inp, use_cache=False).logits.float(), dim=-1)[0]
+        targets = torch.tensor(continuation, device=device)
+        picked = logprobs[-len(continuation):].gather(1, targets[:, None])  # [len(cont), 1]
+        total -= picked.sum().item()
+    return total
+
+
+class PerplexityEvaluator:
+    """Token and word perplexity on each evaluation corpus of the run."""
+
+    name = "ppl"
+
+    def __init__(self, spec: PerplexitySpec, corpora: tuple[str, ...], paths: tuple[str, ...] = (),
+                 cache: TokenCache | None = None, progress: bool = True):
+        self.spec = spec
+        self.corpora = corpora
+        self.paths = paths
+        self.cache = cache
+        self.progress = progress
+
+    def protocol_stamps(self, model, tokenizer) -> dict[str, dict]:
+        """Stamps that identify every metric this evaluator would produce (the dense-cache key)."""
+        seqlen = effective_seqlen(model, self.spec.seqlen)
+        return {
+            f"ppl/{corpus}/{kind}": {
+                "evaluator": "perplexity", "kind": kind, "dataset": corpus,
+                "split": "validation" if corpus == "c4" else "test", "seqlen": seqlen,
+                "max_windows": self.spec.max_windows, "tokenizer": tokenizer_fingerprint(tokenizer),
+                "corpus_version": sources.corpus_version(corpus, self.paths),
+            }
+            for corpus in self.corpora for kind in self.spec.protocols
+        }
+
+    def evaluate(self, model, tokenizer) -> dict[str, Metric]:
+        results: dict[str, Metric] = {}
+        model.eval()
+        for key, stamp in self.protocol_stamps(model, tokenizer).items():
+            corpus, kind, seqlen = stamp["dataset"], stamp["kind"], stamp["seqlen"]
+            if kind == "token":
+                ids = eval_token_stream(corpus, tokenizer, seqlen, self.paths, self.cache)
+                nlls = window_nlls(model, ids, seqlen, self.spec.batch_size, self.spec.max_windows,
+                                   self.progress)
+                value = math.exp(sum(nlls) * seqlen / (len(nlls) * seqlen))
+                stamp = {**stamp, "windows": len(nlls), "tokens": len(nlls) * seqlen}
+                samples = {"unit": "window", "values": nlls, "weights": [seqlen] * len(nlls)}
+            else:
+                docs = sources.word_perplexity_documents(corpus, self.paths)
+                if self.spec.max_windows is not None:
+                    docs = docs[: self.spec.max_windows]
+                nlls, words = [], []
+                for scored, counted in tqdm(docs, desc="word ppl documents", disable=not self.progress,
+                                            leave=False):
+                    nlls.append(rolling_document_nll(model, tokenizer, scored, seqlen))
+                    words.append(len(re.split(r"\s+", counted)))
+                value = math.exp(sum(nlls) / sum(words))
+                stamp = {**stamp, "documents": len(docs), "words": sum(words)}
+                samples = {"unit": "document", "values": [n / w for n, w in zip(nlls, words)],
+                           "weights": words}
+            results[key] = Metric(value=value, higher_is_better=False, protocol=stamp, samples=samples)
+            log.info("%s = %.4f", key, value)
+        return results

@@ -1,0 +1,61 @@
+"""Load a causal LM, its tokenizer and its adapter by hub id or local path.
+
+The same `from_pretrained` path serves a 7B hub model on a GPU cluster and the shipped testbed on a
+laptop CPU. The architecture is checked from the config before any weight is read.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from prunelab.models.adapter import ModelAdapter
+from prunelab.models.architectures import architecture_for
+from prunelab.models.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    adapter: ModelAdapter
+    spec: ModelSpec
+    device: torch.device
+    source: str  # what from_pretrained was given
+
+    @property
+    def config(self):
+        return self.model.config
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_model(spec: ModelSpec) -> LoadedModel:
+    source, revision = spec.resolved_source()
+    hub_kwargs = dict(revision=revision, trust_remote_code=spec.trust_remote_code)
+    config = AutoConfig.from_pretrained(source, **hub_kwargs)
+    architecture = architecture_for(config.model_type)  # unsupported: clear error, nothing loaded
+    device = resolve_device(spec.device)
+    dtype = "auto" if spec.dtype == "auto" else _TORCH_DTYPES[spec.dtype]
+    if device.type == "cpu" and spec.dtype in ("float16", "bfloat16"):
+        log.warning("%s on CPU is very slow on these processors; float32 is recommended", spec.dtype)
+    log.info("loading %s (revision %s, %s, %s)", source, revision, spec.dtype, spec.device_map or device)
+    model = AutoModelForCausalLM.from_pretrained(
+        source, config=config, dtype=dtype, device_map=spec.device_map, **hub_kwargs
+    )
+    if spec.device_map is None:
+        model.to(device)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer or source, **hub_kwargs)
+    return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, source)

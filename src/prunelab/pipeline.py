@@ -1,0 +1,218 @@
+"""One run: load -> score -> prune -> recover -> evaluate, timed, recorded, tracked.
+
+The pipeline never sees architecture details (those live in `models/`) nor Hydra config objects
+(those stop at `cli`). Whatever happens, the run ends with one `result.json`; a failure records the
+stage it happened in and the error, then re-raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from prunelab.data import CalibrationSpec, DataSpec, TokenCache, calibration_samples
+from prunelab.evaluation import EvaluationSpec, PerplexityEvaluator
+from prunelab.evaluation.metrics import Metric
+from prunelab.models import LoadedModel, ModelSpec, load_model
+from prunelab.pruning.base import PruneContext, PruningMethod
+from prunelab.pruning.report import parameter_counts, sparsity_report
+from prunelab.recovery.base import Recovery, RecoveryContext
+from prunelab.tracking import Tracker, config_signature, is_completed, read_record, record_path, write_record
+from prunelab.tracking.environment import environment, peak_memory
+from prunelab.tracking.record import SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSetup:
+    """Everything a run needs, typed; built by `cli` from the composed config."""
+
+    model: ModelSpec
+    data: DataSpec
+    pruning: PruningMethod
+    recovery: Recovery
+    evaluation: EvaluationSpec
+    tracker: Tracker
+    config: dict[str, Any]  # the resolved config, for the record and the signature
+    seed: int = 0
+    study: str | None = None
+    records_dir: Path = Path("records")
+    cache_dir: Path | None = None
+    output_dir: Path | None = None  # Hydra's run folder: gets a copy of the record
+    save_model: bool = False
+    progress: bool = True
+    calibration_batch_size: int = 1
+    skip_completed: bool = True
+
+    @property
+    def signature(self) -> str:
+        return config_signature(self.config)
+
+    @property
+    def record_file(self) -> Path:
+        return record_path(self.records_dir, self.signature, self.seed)
+
+
+class StageClock:
+    """Times named stages and remembers which one is running (for failure records)."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self.current: str | None = None
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self.current = name
+        log.info("stage %s ...", name)
+        start = time.perf_counter()
+        yield
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+        log.info("stage %s done in %.1f s", name, self.timings[name])
+        self.current = None
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_labels(setup: RunSetup) -> dict[str, Any]:
+    calib: CalibrationSpec = setup.data.calibration
+    return {"model": setup.model.display_name, **setup.pruning.labels(), "recovery": setup.recovery.name,
+            "calibration": f"{calib.source}x{calib.nsamples}x{calib.seqlen}"}
+
+
+def _model_identity(loaded: LoadedModel) -> dict[str, Any]:
+    """What identifies the dense weights: source, revision, dtype, and the weight files' sizes/mtimes."""
+    identity: dict[str, Any] = {"source": loaded.source, "revision": loaded.spec.revision,
+                                "dtype": loaded.spec.dtype,
+                                "commit": getattr(loaded.config, "_commit_hash", None)}
+    source = Path(loaded.source)
+    if source.is_dir():
+        identity["files"] = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime))
+                                   for p in source.glob("*.safetensors"))
+    return identity
+
+
+def evaluate_all(evaluators: list, loaded: LoadedModel) -> dict[str, Metric]:
+    metrics: dict[str, Metric] = {}
+    for evaluator in evaluators:
+        metrics.update(evaluator.evaluate(loaded.model, loaded.tokenizer))
+    return metrics
+
+
+def dense_metrics(evaluators: list, loaded: LoadedModel, cache_dir: Path | None) -> dict[str, dict]:
+    """Dense metrics under the run's protocols, computed once per model and protocol (cached)."""
+    stamps = {}
+    for evaluator in evaluators:
+        stamps.update(evaluator.protocol_stamps(loaded.model, loaded.tokenizer))
+    key = hashlib.sha256(json.dumps({"model": _model_identity(loaded), "stamps": stamps},
+                                    sort_keys=True, default=str).encode()).hexdigest()[:24]
+    path = cache_dir / "dense" / f"{key}.json" if cache_dir else None
+    if path and path.exists():
+        log.info("dense metrics from cache %s", path)
+        return json.loads(path.read_text())
+    metrics = {k: m.to_dict() for k, m in evaluate_all(evaluators, loaded).items()}
+    if path:
+        write_record(path, metrics)
+    return metrics
+
+
+def build_evaluators(setup: RunSetup, cache: TokenCache) -> list:
+    evaluators: list = []
+    if setup.evaluation.perplexity is not None:
+        evaluators.append(PerplexityEvaluator(setup.evaluation.perplexity, setup.data.eval_corpora,
+                                              setup.data.eval_paths, cache, setup.progress))
+    if setup.evaluation.zeroshot is not None:
+        evaluators.append(setup.evaluation.zeroshot.build(progress=setup.progress))
+    return evaluators
+
+
+def run(setup: RunSetup) -> dict[str, Any]:
+    """Run the pipeline once and return the record (also written to `setup.record_file`)."""
+    path = setup.record_file
+    if setup.skip_completed and is_completed(path):
+        log.info("already completed, skipping: %s (runtime.skip_completed=false reruns it)", path)
+        return read_record(path)
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "status": "failed", "signature": setup.signature,
+        "seed": setup.seed, "study": setup.study, "labels": build_labels(setup), "config": setup.config,
+        "started_at": datetime.now(timezone.utc).isoformat(), "failure": None,
+        "environment": environment(),
+    }
+    clock = StageClock()
+    cache = TokenCache(setup.cache_dir / "tokens" if setup.cache_dir else None)
+    setup.tracker.start(name=f"{setup.signature}-seed{setup.seed}", group=setup.signature,
+                        config=setup.config, tags=[t for t in (setup.study,) if t])
+    start = time.perf_counter()
+    try:
+        seed_everything(setup.seed)
+        with clock("load"):
+            loaded = load_model(setup.model)
+        record["parameters"] = {"dense": parameter_counts(loaded.adapter)}
+        evaluators = build_evaluators(setup, cache)
+        with clock("dense_eval"):
+            record["metrics"] = {"dense": dense_metrics(evaluators, loaded, setup.cache_dir)}
+
+        drawn: dict[str, torch.Tensor] = {}
+
+        def calibration() -> torch.Tensor:
+            if "samples" not in drawn:
+                t0 = time.perf_counter()
+                drawn["samples"] = calibration_samples(setup.data.calibration, loaded.tokenizer,
+                                                       setup.seed, cache)
+                clock.timings["data"] = time.perf_counter() - t0
+            return drawn["samples"]
+
+        ctx = PruneContext(loaded, setup.seed, calibration, setup.calibration_batch_size, setup.progress)
+        with clock("score"):
+            scores = setup.pruning.score(ctx)
+        with clock("prune"):
+            report = setup.pruning.prune(ctx, scores)
+        with clock("recover"):
+            recovery = setup.recovery.recover(RecoveryContext(ctx, report))
+        record["sparsity"] = sparsity_report(loaded.adapter, report.layer_targets)
+        record["parameters"]["pruned"] = parameter_counts(loaded.adapter)
+        record["pruning"] = {"removed_layers": report.removed_layers, **report.details,
+                             "recovery": recovery}
+        with clock("evaluate"):
+            record["metrics"]["pruned"] = {k: m.to_dict() for k, m in evaluate_all(evaluators, loaded).items()}
+        if setup.save_model:
+            with clock("save"):
+                target = path.parent / "model"
+                loaded.model.save_pretrained(target, safe_serialization=True)
+                loaded.tokenizer.save_pretrained(target)
+                record["saved_model"] = str(target)
+        record["status"] = "completed"
+    except BaseException as err:
+        record["failure"] = {"stage": clock.current or "setup", "error_type": type(err).__name__,
+                             "message": str(err), "traceback": traceback.format_exc()}
+        raise
+    finally:
+        clock.timings["total"] = time.perf_counter() - start
+        record.update(timings=clock.timings, peak_memory=peak_memory(),
+                      finished_at=datetime.now(timezone.utc).isoformat())
+        write_record(path, record)
+        if setup.output_dir is not None and Path(setup.output_dir).resolve() != path.parent.resolve():
+            Path(setup.output_dir).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, Path(setup.output_dir) / "result.json")
+        setup.tracker.log_record(record)
+        setup.tracker.finish(record["status"])
+        log.info("record: %s (%s)", path, record["status"])
+    return record

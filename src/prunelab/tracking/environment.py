@@ -1,0 +1,61 @@
+"""Facts about where a run ran: code version, libraries, hardware, peak memory."""
+
+from __future__ import annotations
+
+import platform
+import resource
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LIBRARIES = ("torch", "transformers", "tokenizers", "datasets", "lm_eval", "hydra-core", "omegaconf",
+             "wandb", "accelerate", "safetensors", "numpy", "scipy", "pandas", "prunelab")
+
+
+def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
+    """Commit sha and whether the work tree differs from it (None outside a git checkout)."""
+    where = Path(cwd or Path(__file__).resolve().parent)
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        return {"git_sha": sha, "git_dirty": bool(dirty)}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_sha": None, "git_dirty": None}
+
+
+def library_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def hardware() -> dict[str, Any]:
+    gpus = []
+    if torch.cuda.is_available():
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    import os
+
+    return {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpus": gpus}
+
+
+def environment() -> dict[str, Any]:
+    return {**git_state(), "python": sys.version.split()[0], "libraries": library_versions(),
+            "hardware": hardware()}
+
+
+def peak_memory() -> dict[str, int | None]:
+    """Process peak resident memory (bytes) and, on CUDA, peak allocated device memory."""
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
+    cuda = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    return {"cpu_rss_bytes": int(rss_kb) * 1024, "cuda_max_allocated_bytes": cuda}
