@@ -7,73 +7,17 @@ tokenizer is trained on the fly, so nothing is downloaded.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from tiny import ARCHS, TEXT, make_tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("PRUNELAB_CACHE", tempfile.mkdtemp(prefix="prunelab-cache-"))
 torch.set_num_threads(2)
-
-TEXT = (
-    "the cat sat on the mat . the dogs that the boy owns are happy . she gives the key to him . "
-    "seven plus five is twelve . alice lives in paris and works as a baker . "
-) * 40
-
-VOCAB = 320
-
-
-def tiny_config(arch: str):
-    """A 4-layer random model config of the given architecture, fast on CPU."""
-    from transformers import GPTNeoXConfig, LlamaConfig, MistralConfig, OPTConfig, Qwen2Config, Qwen3Config
-
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                  num_attention_heads=4, max_position_embeddings=128)
-    if arch == "llama":
-        return LlamaConfig(num_key_value_heads=2, **common)
-    if arch == "mistral":
-        return MistralConfig(num_key_value_heads=2, sliding_window=None, **common)
-    if arch == "qwen2":
-        return Qwen2Config(num_key_value_heads=2, **common)
-    if arch == "qwen3":
-        return Qwen3Config(num_key_value_heads=2, head_dim=8, **common)
-    if arch == "gpt_neox":
-        return GPTNeoXConfig(use_parallel_residual=True, **common)
-    if arch == "opt":
-        return OPTConfig(vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=4,
-                         num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=32)
-    raise ValueError(arch)
-
-
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox", "opt")
-
-
-def train_tokenizer(directory: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([TEXT], trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
-                                   eos_token="<|endoftext|>")
-    fast.save_pretrained(directory)
-    return fast
-
-
-def make_tiny_model(arch: str, directory: Path, seed: int = 0) -> Path:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch))
-    model.save_pretrained(directory, safe_serialization=True)
-    train_tokenizer(directory)
-    return directory
-
 
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:

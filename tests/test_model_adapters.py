@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS, VOCAB
+from tiny import ARCHS, VOCAB
 from torch import nn
 from transformers import AutoModelForCausalLM
 

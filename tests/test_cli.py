@@ -1,0 +1,150 @@
+"""The `prunelab` command: every config composes, bad input is one line, a run leaves a full record."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from prunelab.cli import CONF_DIR, build_setup, check_overrides, group_options
+from prunelab.errors import ConfigError
+from prunelab.models.spec import SHIPPED_ROOT
+
+GROUPS = ["model", "data", "pruning", "pruning/allocation", "recovery", "evaluation", "tracking"]
+
+
+def compose_config(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def tiny_run_overrides(model_dir: Path, text: Path, tmp: Path) -> list[str]:
+    return [f"model.name_or_path={model_dir}", "model.device=cpu", "data=local_text",
+            f"data.calibration.paths=[{text}]", f"data.eval_paths=[{text}]",
+            "data.calibration.nsamples=4", "data.calibration.seqlen=16",
+            "evaluation.perplexity.seqlen=32", "tracking=none", "runtime.progress=false",
+            f"paths.records_dir={tmp / 'records'}", f"paths.cache_dir={tmp / 'cache'}"]
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
+def test_every_group_option_composes_and_builds(group, option, text_file, tmp_path):
+    overrides = [f"{group}={option}", f"paths.records_dir={tmp_path}"]
+    if group == "data" and option == "local_text":
+        overrides += [f"data.calibration.paths=[{text_file}]", f"data.eval_paths=[{text_file}]"]
+    if group == "model" and option.startswith("testbed") and not (SHIPPED_ROOT / option).exists():
+        pytest.skip("testbed checkpoint not built yet")
+    if not (SHIPPED_ROOT / "testbed_llama").exists():
+        overrides.append("model=llama2_7b") if group != "model" else None
+    setup = build_setup(compose_config(overrides))
+    assert setup.signature and setup.record_file.name == "result.json"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["pruning=magnitde"], "did you mean magnitude"),
+    (["model=lama2_7b"], "did you mean llama2_7b"),
+    (["pruning/allocation=unifrom"], "did you mean uniform"),
+])
+def test_unknown_group_options_suggest_close_names(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_overrides(overrides)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["pruning.sparsity_type=2:4", "pruning.sparsity=0.6"], "2:4 prunes 2/4"),
+    (["pruning.sparsity=1.0"], "outside"),
+    (["model.name_or_path=/no/such/model"], "does not exist"),
+    (["pruning.group=column"], "pruning.group"),
+    (["+pruning.typo_key=1"], "typo_key"),
+])
+def test_bad_values_fail_before_any_model_loads(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        build_setup(compose_config(["model=llama2_7b", *overrides]))
+
+
+def run_cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, "-m", "prunelab.cli", *args, f"hydra.run.dir={tmp / 'out'}"],
+                          capture_output=True, text=True, env=env, cwd=tmp, timeout=300)
+
+
+def test_cli_prints_one_line_for_bad_input(tmp_path):
+    result = run_cli(["pruning=wandaa"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "unknown pruning option 'wandaa'" in result.stderr
+
+
+def test_cli_run_writes_a_complete_record_and_resumes(tiny_model_dirs, text_file, tmp_path):
+    args = tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path) + ["save_model=true"]
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    [path] = list((tmp_path / "records").glob("*/seed0/result.json"))
+    record = json.loads(path.read_text())
+    assert record["status"] == "completed"
+    for field in ("signature", "seed", "config", "environment", "labels", "timings", "peak_memory",
+                  "parameters", "sparsity", "metrics"):
+        assert record[field] is not None, field
+    assert {"git_sha", "git_dirty", "libraries", "hardware"} <= record["environment"].keys()
+    assert {"load", "dense_eval", "score", "prune", "recover", "evaluate", "total"} <= record["timings"].keys()
+    dense = record["metrics"]["dense"]["ppl/local_text/token"]
+    pruned = record["metrics"]["pruned"]["ppl/local_text/token"]
+    assert dense["protocol"] == pruned["protocol"] and dense["protocol"]["seqlen"] == 32
+    assert len(pruned["samples"]["values"]) == pruned["protocol"]["windows"]
+    assert abs(record["sparsity"]["overall"] - 0.5) < 1e-3
+    assert (tmp_path / "out" / "result.json").exists()
+
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(record["saved_model"])
+    zeros = sum(int((m.weight == 0).sum()) for n, m in saved.named_modules() if n.endswith("down_proj"))
+    assert zeros > 0
+
+    again = run_cli(args, tmp_path)
+    assert again.returncode == 0 and "already completed" in again.stdout + again.stderr
+    assert json.loads(path.read_text())["finished_at"] == record["finished_at"]
+
+
+def test_a_failed_run_records_the_stage_and_error(tiny_model_dirs, text_file, tmp_path, monkeypatch):
+    from prunelab import pipeline
+
+    cfg = compose_config(tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path))
+    setup = build_setup(cfg)
+
+    def explode(self, ctx, scores):
+        raise RuntimeError("out of memory (simulated)")
+
+    monkeypatch.setattr(type(setup.pruning), "prune", explode)
+    with pytest.raises(RuntimeError):
+        pipeline.run(setup)
+    record = json.loads(setup.record_file.read_text())
+    assert record["status"] == "failed"
+    assert record["failure"]["stage"] == "prune" and "simulated" in record["failure"]["message"]
+
+
+def test_wandb_without_credentials_logs_offline_and_keeps_the_record(tiny_model_dirs, text_file, tmp_path,
+                                                                     monkeypatch):
+    from prunelab import pipeline
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    overrides = tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path)
+    overrides = [o for o in overrides if o != "tracking=none"] + ["tracking=wandb", f"tracking.dir={tmp_path}"]
+    setup = build_setup(compose_config(overrides + ["pruning=dense"]))
+    record = pipeline.run(setup)
+    assert record["status"] == "completed"
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+    assert setup.tracker.run is None  # finished
+
+
+def test_signature_ignores_seed_and_paths_but_not_settings(tmp_path):
+    base = build_setup(compose_config(["model=llama2_7b", "seed=0"]))
+    other_seed = build_setup(compose_config(["model=llama2_7b", "seed=5", f"paths.records_dir={tmp_path}"]))
+    other_ratio = build_setup(compose_config(["model=llama2_7b", "pruning.sparsity=0.6"]))
+    assert base.signature == other_seed.signature != other_ratio.signature
+    torch.manual_seed(0)
