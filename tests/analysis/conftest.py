@@ -56,7 +56,7 @@ def write_record(root: Path, signature: str, seed: int, labels: dict, pruned: di
                  dense: dict | None = None, status: str = "completed", study: str = "unit",
                  n_layers: int = 4, layer_targets: list | None = None) -> Path:
     """Write records/<signature>/seed<seed>/result.json under root; returns its path."""
-    sparsity = float(labels.get("sparsity", 0.5))
+    sparsity = float(labels.get("sparsity") or 0.0)
     targets = layer_targets or [sparsity] * n_layers
     record = {
         "schema_version": 1, "status": status, "signature": signature, "seed": seed,

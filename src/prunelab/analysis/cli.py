@@ -159,7 +159,8 @@ def _write_plots(summary: pd.DataFrame, loaded: LoadedRecords, metrics: Sequence
             except AnalysisError as error:
                 log.warning("no plot for %s: %s", metric, error)
                 continue
-            written.append(plots.save_figure(figure, out / f"{plots.slug(metric)}_vs_{plots.slug(x)}.png"))
+            name = f"{plots.slug(metric)}_vs_{plots.slug(x)}.png"
+            written.append(plots.save_figure(figure, out / name))
     for kind, name in (("sparsity", "layer_sparsity.png"), ("scores", "layer_scores.png")):
         try:
             figure = plots.plot_layer_profile(loaded.completed, kind=kind)
@@ -193,7 +194,10 @@ def _default_out(frame: pd.DataFrame) -> Path:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    record_a, record_b = (read_record(_record_path(run)) for run in args.compare)
+    record_a, record_b = (_read_run(run) for run in args.compare)
+    for run, record in zip(args.compare, (record_a, record_b)):
+        if record.status != "completed":
+            raise AnalysisError(f"{run} is a {record.status} run; nothing to compare")
     result = tables.compare_runs(record_a, record_b, _split_all(args.metric) or None,
                                  n_resamples=args.n_resamples, seed=args.seed)
     if result.empty:
@@ -209,13 +213,20 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_run(run: str):
+    try:
+        return read_record(_record_path(run))
+    except AnalysisError as error:
+        raise AnalysisError(f"{run}: {error}") from None
+
+
 def _record_path(run: str) -> Path:
     path = Path(run)
     if path.is_file():
         return path
     found = find_record_files([path]) if path.is_dir() else []
     if len(found) != 1:
-        raise AnalysisError(f"{run}: expected one result.json, found {len(found)}")
+        raise AnalysisError(f"expected one result.json, found {len(found)}")
     return found[0]
 
 

@@ -123,8 +123,9 @@ def save_figure(figure: Figure, path: str | Path, dpi: int = 150) -> Path:
 
 
 def slug(text: str) -> str:
-    """A file-name-safe version of a metric or label name: ppl/wikitext2/token -> ppl-wikitext2-token."""
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in text.removeprefix(LABEL_PREFIX))
+    """A file-name-safe metric or label name: ppl/wikitext2/token -> ppl-wikitext2-token."""
+    text = text.removeprefix(LABEL_PREFIX)
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in text)
     return cleaned.strip("-") or "plot"
 
 

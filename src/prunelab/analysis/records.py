@@ -77,10 +77,12 @@ class LoadedRecords:
     duplicates: int = 0
 
     def extend(self, other: "LoadedRecords") -> None:
-        self.completed += other.completed
-        self.failed += other.failed
-        self.unreadable += other.unreadable
-        self.duplicates += other.duplicates
+        """Add another source's records; a run present in both is kept once."""
+        merged = _deduplicated(LoadedRecords(
+            self.completed + other.completed, self.failed + other.failed,
+            self.unreadable + other.unreadable, self.duplicates + other.duplicates))
+        self.completed, self.failed = merged.completed, merged.failed
+        self.unreadable, self.duplicates = merged.unreadable, merged.duplicates
 
     def describe(self) -> str:
         """One line for humans: how many records of each kind were seen."""
@@ -159,7 +161,7 @@ def load_records(folders: Iterable[str | os.PathLike]) -> LoadedRecords:
             loaded.unreadable.append((str(path), str(error)))
             continue
         (loaded.completed if record.status == COMPLETED else loaded.failed).append(record)
-    return _deduplicated(loaded)
+    return _reported(_deduplicated(loaded))
 
 
 # --------------------------------------------------------------------------- flat frame
@@ -259,7 +261,7 @@ def load_wandb_runs(project: str, entity: str | None = None,
             loaded.unreadable.append((source, str(error)))
             continue
         (loaded.completed if record.status == COMPLETED else loaded.failed).append(record)
-    return _deduplicated(loaded)
+    return _reported(_deduplicated(loaded))
 
 
 def _wandb_api():
@@ -349,17 +351,21 @@ def _deduplicated(loaded: LoadedRecords) -> LoadedRecords:
             chosen[key] = record
     duplicates = len(loaded.completed) + len(loaded.failed) - len(chosen)
     kept = sorted(chosen.values(), key=lambda r: (r.signature, r.seed, r.source))
-    result = LoadedRecords(
+    return LoadedRecords(
         completed=[r for r in kept if r.status == COMPLETED],
         failed=[r for r in kept if r.status != COMPLETED],
         unreadable=loaded.unreadable, duplicates=loaded.duplicates + duplicates)
-    if duplicates:
-        log.info("ignored %d duplicate record copies (same signature and seed)", duplicates)
-    if result.failed:
-        names = ", ".join(_failure_summary(record) for record in result.failed[:5])
-        more = f" and {len(result.failed) - 5} more" if len(result.failed) > 5 else ""
-        log.warning("excluded %d failed run(s) from tables: %s%s", len(result.failed), names, more)
-    return result
+
+
+def _reported(loaded: LoadedRecords) -> LoadedRecords:
+    """Log duplicates (info) and failed runs (one warning line)."""
+    if loaded.duplicates:
+        log.info("ignored %d duplicate record copies (same signature and seed)", loaded.duplicates)
+    if loaded.failed:
+        names = ", ".join(_failure_summary(record) for record in loaded.failed[:5])
+        more = f" and {len(loaded.failed) - 5} more" if len(loaded.failed) > 5 else ""
+        log.warning("excluded %d failed run(s) from tables: %s%s", len(loaded.failed), names, more)
+    return loaded
 
 
 def _preference(record: RunRecord) -> tuple[bool, str]:
@@ -398,8 +404,9 @@ def select_label_columns(names: Sequence[str], frame: pd.DataFrame) -> list[str]
         elif LABEL_PREFIX + name in frame.columns:
             resolved.append(LABEL_PREFIX + name)
         else:
-            known = ", ".join(c for c in frame.columns if c.startswith(LABEL_PREFIX))
-            raise AnalysisError(f"unknown column {name!r}; labels: {known}")
+            known = ", ".join(c.removeprefix(LABEL_PREFIX) for c in frame.columns
+                              if c.startswith(LABEL_PREFIX))
+            raise AnalysisError(f"unknown label {name!r}; labels: {known}")
     return resolved
 
 

@@ -292,7 +292,8 @@ def paired_bootstrap_perplexity(samples_a: Mapping[str, Any], samples_b: Mapping
     result = _scipy_bootstrap((values_a, weights_a, values_b, weights_b), _perplexity_difference,
                               confidence_level, n_resamples, seed, "percentile")
     distribution = result.bootstrap_distribution
-    extreme = np.count_nonzero(np.abs(distribution - observed) >= abs(observed) - _tolerance(observed))
+    threshold = abs(observed) - _tolerance(observed)
+    extreme = np.count_nonzero(np.abs(distribution - observed) >= threshold)
     pvalue = (1 + extreme) / (len(distribution) + 1)
     low, high = result.confidence_interval
     return BootstrapComparison(

@@ -2,9 +2,9 @@
 
 Why this shape: a paper claim is a comparison across seeds against a named baseline at the same
 model and sparsity, with the dense model as reference. `build_summary` computes that as a tidy
-frame (one row per setting and metric, all numbers kept, written as table.csv); `format_table`
-turns it into the human table (table.md / table.tex); `pivot` gives the paper-style
-"method x sparsity" grid; `compare_runs` tests two single runs item by item.
+frame (one row per setting and metric, all numbers kept, written as table.csv);
+`render.format_table` turns it into the human table (table.md / table.tex); `pivot` gives the
+paper-style "method x sparsity" grid; `compare_runs` tests two single runs item by item.
 """
 
 from __future__ import annotations
@@ -20,8 +20,12 @@ import numpy as np
 import pandas as pd
 
 from prunelab.analysis import stats
-from prunelab.analysis.records import (LABEL_PREFIX, AnalysisError, RunRecord, label_order,
-                                       label_columns, select_label_columns)
+from prunelab.analysis.records import (LABEL_PREFIX, AnalysisError, RunRecord, label_columns,
+                                       label_order, select_label_columns)
+# format_table, to_markdown, to_latex and display_label_columns are re-exported for callers.
+from prunelab.analysis.render import (choose_decimals, display_label_columns,  # noqa: F401
+                                      format_mean, format_table, is_missing, text_of, to_latex,
+                                      to_markdown)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,8 @@ def select_metrics(frame: pd.DataFrame, requested: Sequence[str] | None) -> list
     Raises AnalysisError naming the available metrics when a request matches none.
     """
     available = available_metrics(frame)
+    if not available:
+        raise AnalysisError("the records carry no metrics")
     if not requested:
         return available
     chosen: list[str] = []
@@ -82,6 +88,11 @@ def build_summary(frame: pd.DataFrame, metrics: Sequence[str] | None = None,
     metrics = select_metrics(frame, metrics)
     group_by = select_label_columns(group_by or DEFAULT_GROUP_BY, frame)
     data = frame[frame["metric"].isin(metrics)]
+    missing = data["value"].isna()
+    if missing.any():
+        log.warning("ignored %d metric value(s) that are null: %s", int(missing.sum()),
+                    ", ".join(sorted(set(data.loc[missing, "source"].astype(str))))[:300])
+        data = data[~missing]
     settings = [_setting_row(rows, group_by, key)
                 for key, rows in data.groupby(group_by + ["metric"], dropna=False, sort=False)]
     summary = pd.DataFrame(settings)
@@ -100,8 +111,12 @@ def _setting_row(rows: pd.DataFrame, group_by: list[str], key: tuple) -> dict[st
     values = rows["value"].astype(float).to_numpy()
     ci_low, ci_high = stats.mean_confidence_interval(values)
     notes = []
-    if rows["stamp"].nunique(dropna=False) > 1:
-        notes.append("setting mixes protocol stamps; not compared")
+    stamps = rows["stamp"].value_counts(dropna=False)
+    if len(stamps) > 1:
+        first, second = (rows.loc[rows["stamp"] == stamp, "protocol"].iloc[0]
+                         for stamp in stamps.index[:2])
+        differences = "; ".join(stats.protocol_differences(first, second))
+        notes.append(f"setting mixes protocols ({differences}); not compared")
     duplicated = sorted(rows.loc[rows["seed"].duplicated(), "seed"].unique())
     if duplicated:
         notes.append(f"seed(s) {duplicated} appear in more than one record; not compared")
@@ -186,7 +201,10 @@ def resolve_baseline(summary: pd.DataFrame, selector: str) -> tuple[pd.Series, l
         if not mask.any():
             raise AnalysisError(f"unknown baseline {selector!r}: no setting has that signature")
         return mask, []
-    columns = select_label_columns(list(parsed), summary)
+    try:
+        columns = select_label_columns(list(parsed), summary)
+    except AnalysisError as error:
+        raise AnalysisError(f"unknown baseline {selector!r}: {error}") from None
     mask = pd.Series(True, index=summary.index)
     for column, wanted in zip(columns, parsed.values()):
         mask &= summary[column].apply(lambda value, wanted=wanted: _label_equals(value, wanted))
@@ -209,8 +227,10 @@ def add_baseline_comparisons(summary: pd.DataFrame, frame: pd.DataFrame, selecto
 
     A setting's baseline is the baseline row of the same metric that agrees with it on the
     `match_on` labels (default: model, sparsity, sparsity_type, layers_removed, where present;
-    labels the selector fixes are not matched; for a signature selector, only the model). Refusals (different protocol, no shared seed,
-    missing or ambiguous baseline) leave NaN numbers and say why in `note`.
+    labels the selector fixes are not matched; for a signature selector, only the model).
+    Refusals (different protocol, no shared seed, missing or ambiguous baseline) leave NaN
+    numbers and say why in `note`. The Holm family is every comparison in the table (all
+    settings and metrics), separately for the t-test and the Wilcoxon p-values.
     """
     summary = summary.copy()
     is_baseline, fixed = resolve_baseline(summary, selector)
@@ -257,6 +277,9 @@ def add_baseline_comparisons(summary: pd.DataFrame, frame: pd.DataFrame, selecto
             comparison.n, comparison.mean_baseline, comparison.mean_difference,
             comparison.ci_low, comparison.ci_high, comparison.t_statistic, comparison.p_t,
             comparison.w_statistic, comparison.p_wilcoxon]
+        if comparison.n < max(row["n"], base["n"]):
+            _add_note(summary, index, f"paired on the {comparison.n} shared seeds "
+                                      f"({row['n']} vs {base['n']} runs)")
         for note in comparison.notes:
             _add_note(summary, index, note)
     summary["p_t_holm"] = stats.holm(summary["p_t"].to_numpy(dtype=float))
@@ -268,7 +291,8 @@ def _values_by_setting_and_metric(summary: pd.DataFrame,
                                   frame: pd.DataFrame) -> dict[tuple[str, str], dict[int, float]]:
     names = {signatures: name for name, signatures in
              summary[["setting", "signatures"]].drop_duplicates().itertuples(index=False)}
-    by_signature = {sig: name for signatures, name in names.items() for sig in signatures.split(",")}
+    by_signature = {signature: name for signatures, name in names.items()
+                    for signature in signatures.split(",")}
     values: dict[tuple[str, str], dict[int, float]] = {}
     for row in frame[["signature", "metric", "seed", "value"]].itertuples(index=False):
         setting = by_signature.get(row.signature)
@@ -313,81 +337,6 @@ def _column_order(summary: pd.DataFrame) -> list[str]:
     return present + rest + [c for c in last if c in summary.columns]
 
 
-def display_label_columns(summary: pd.DataFrame, always: Sequence[str] = ()) -> list[str]:
-    """Label columns worth showing: those that vary across settings, plus model, method and any
-    in `always`."""
-    settings = summary[~summary["is_dense"].astype(bool)]
-    shown = []
-    for column in label_columns(summary):
-        name = column.removeprefix(LABEL_PREFIX)
-        varies = settings[column].astype(str).nunique() > 1
-        if varies or name in ("model", "method") or column in always:
-            shown.append(column)
-    return shown
-
-
-def format_table(summary: pd.DataFrame, decimals: int | None = None,
-                 label_columns_shown: Sequence[str] | None = None
-                 ) -> tuple[pd.DataFrame, list[str]]:
-    """The human table: one row per setting (dense rows included), label columns, then per metric
-    "mean ± std (n)" and, when compared with a baseline, "Δ [95% CI]", p (t), p (W) and p (Holm,
-    t). Returns (table of strings, notes); notes explain NaN cells and refusals."""
-    shown = list(label_columns_shown or display_label_columns(summary))
-    metrics = list(dict.fromkeys(summary["metric"]))
-    compared = "p_t" in summary.columns
-    prefix = len(metrics) > 1
-    rows: dict[str, dict[str, str]] = {}
-    notes: dict[str, list[str]] = {}
-    for metric in metrics:
-        part = summary[summary["metric"] == metric]
-        digits = decimals if decimals is not None else _decimals_for(part["mean"])
-        head = f"{metric} " if prefix else ""
-        for _, row in part.iterrows():
-            cells = rows.setdefault(row["setting"], {
-                column.removeprefix(LABEL_PREFIX): _text(row.get(column)) for column in shown})
-            cells[metric] = _mean_cell(row, digits)
-            if compared:
-                cells.update(_comparison_cells(row, digits, head))
-            if row.get("note"):
-                notes.setdefault(row["note"], []).append(f"{_row_name(row, shown)} [{metric}]")
-    table = pd.DataFrame(list(rows.values())).fillna("")
-    note_lines = [f"{note} ({'; '.join(where)})" for note, where in notes.items()]
-    return table, note_lines
-
-
-def to_markdown(table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
-    """A GitHub-flavoured markdown table; numeric-looking columns right-aligned; notes below."""
-    def cell(value: Any) -> str:
-        return str(value).replace("|", "\\|")
-
-    header = "| " + " | ".join(cell(c) for c in table.columns) + " |"
-    align = "|" + "|".join("---:" if _is_numeric_column(table[c]) else "---"
-                           for c in table.columns) + "|"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    text = "\n".join([header, align, *body]) + "\n"
-    if notes:
-        text += "\nNotes:\n" + "".join(f"- {note}\n" for note in notes)
-    return text
-
-
-def to_latex(table: pd.DataFrame, notes: Sequence[str] = (), group_column: str = "model") -> str:
-    """A booktabs `tabular` (for \\input inside a table environment); \\midrule between models;
-    notes as LaTeX comments above it."""
-    spec = "".join("r" if _is_numeric_column(table[c]) else "l" for c in table.columns)
-    lines = [f"% note: {_latex_escape(note)}" for note in notes]
-    lines += [f"\\begin{{tabular}}{{{spec}}}", "\\toprule",
-              " & ".join(_latex_escape(c) for c in table.columns) + " \\\\", "\\midrule"]
-    previous = None
-    for row in table.itertuples(index=False):
-        group = getattr(row, group_column, None) if group_column in table.columns else None
-        if previous is not None and group != previous:
-            lines.append("\\midrule")
-        previous = group
-        lines.append(" & ".join(_latex_escape(v) for v in row) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(lines) + "\n"
-
-
 def pivot(summary: pd.DataFrame, index: Sequence[str] | str, columns: str, metric: str,
           values: str = "cell", decimals: int | None = None) -> pd.DataFrame:
     """Paper-style grid for one metric, e.g. index=labels.method, columns=labels.sparsity.
@@ -405,8 +354,8 @@ def pivot(summary: pd.DataFrame, index: Sequence[str] | str, columns: str, metri
     part = summary[summary["metric"] == metric].copy()
     if part.empty:
         raise AnalysisError(f"unknown metric {metric!r} for pivot")
-    digits = decimals if decimals is not None else _decimals_for(part["mean"])
-    part["cell"] = [_mean_cell(row, digits, with_n=False) for _, row in part.iterrows()]
+    digits = decimals if decimals is not None else choose_decimals(part["mean"])
+    part["cell"] = [format_mean(row, digits, with_n=False) for _, row in part.iterrows()]
     settings, dense = part[~part["is_dense"]], part[part["is_dense"]]
     duplicated = settings.duplicated(index + [columns], keep=False)
     if duplicated.any():
@@ -424,6 +373,9 @@ def pivot(summary: pd.DataFrame, index: Sequence[str] | str, columns: str, metri
         grid = pd.concat([pd.DataFrame(dense_rows), grid])
         if len(index) > 1:
             grid.index = pd.MultiIndex.from_tuples(grid.index, names=index)
+            if index[0] == model:  # each model's dense row heads its block
+                order = sorted(range(len(grid)), key=lambda i: str(grid.index[i][0]))
+                grid = grid.iloc[order]
         else:
             grid.index.name = index[0]
     grid.columns.name = columns
@@ -433,12 +385,13 @@ def pivot(summary: pd.DataFrame, index: Sequence[str] | str, columns: str, metri
 def pivot_for_output(grid: pd.DataFrame) -> pd.DataFrame:
     """A pivot grid flattened to plain columns (index levels first) for md/tex/csv output."""
     flat = grid.reset_index()
-    flat.columns = [_text(c).removeprefix(LABEL_PREFIX) for c in flat.columns]
-    return flat.map(_text)
+    flat.columns = [text_of(c).removeprefix(LABEL_PREFIX) for c in flat.columns]
+    return flat.map(text_of)
 
 
-def write_outputs(summary: pd.DataFrame, out_dir: str | Path, formats: Iterable[str] = ("md", "tex", "csv"),
-                  name: str = "table", decimals: int | None = None) -> dict[str, Path]:
+def write_outputs(summary: pd.DataFrame, out_dir: str | Path,
+                  formats: Iterable[str] = ("md", "tex", "csv"), name: str = "table",
+                  decimals: int | None = None) -> dict[str, Path]:
     """Write `<name>.md` / `.tex` (formatted) and `.csv` (the tidy numeric summary)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -511,7 +464,8 @@ def _item_test(key: str, a: Mapping[str, Any], b: Mapping[str, Any], confidence_
     if evaluator == "perplexity" or key.startswith("ppl/"):
         result = stats.paired_bootstrap_perplexity(samples_a, samples_b, confidence_level,
                                                    n_resamples, seed)
-        note = _consistency_note(a, result.perplexity_a) or _consistency_note(b, result.perplexity_b)
+        note = (_consistency_note(a, result.perplexity_a)
+                or _consistency_note(b, result.perplexity_b))
         return {"test": f"paired bootstrap over {samples_a.get('unit', 'window')}s",
                 "value_a": result.perplexity_a, "value_b": result.perplexity_b,
                 "difference": result.difference, "ci_low": result.ci_low,
@@ -536,52 +490,11 @@ def _consistency_note(metric: Mapping[str, Any], recomputed: float) -> str:
 # --------------------------------------------------------------------------- helpers
 
 
-def _mean_cell(row: pd.Series, digits: int, with_n: bool = True) -> str:
-    mean, std, n = row["mean"], row["std"], int(row["n"])
-    if row.get("is_dense") or not np.isfinite(std):
-        text = f"{mean:.{digits}f}"
-    else:
-        text = f"{mean:.{digits}f} ± {std:.{digits}f}"
-    return f"{text} ({n})" if with_n and not row.get("is_dense") else text
-
-
-def _comparison_cells(row: pd.Series, digits: int, head: str) -> dict[str, str]:
-    if row.get("is_dense"):
-        values = ["", "", "", ""]
-    elif row.get("is_baseline"):
-        values = ["baseline", "", "", ""]
-    elif not np.isfinite(row["diff_mean"]):
-        values = ["n/a", "", "", ""]
-    else:
-        interval = (f" [{row['diff_ci_low']:+.{digits}f}, {row['diff_ci_high']:+.{digits}f}]"
-                    if np.isfinite(row["diff_ci_low"]) else "")
-        values = [f"{row['diff_mean']:+.{digits}f}{interval}", _p_text(row["p_t"]),
-                  _p_text(row["p_wilcoxon"]), _p_text(row["p_t_holm"])]
-    names = [f"{head}Δ [95% CI]", f"{head}p (t)", f"{head}p (W)", f"{head}p (Holm, t)"]
-    return dict(zip(names, values))
-
-
-def _p_text(p: float) -> str:
-    if not np.isfinite(p):
-        return "–"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
-def _decimals_for(values: pd.Series) -> int:
-    finite = values[np.isfinite(values.astype(float))].abs()
-    largest = float(finite.max()) if len(finite) else 1.0
-    return 1 if largest >= 100 else 2 if largest > 1 else 3
-
-
-def _row_name(row: pd.Series, shown: Sequence[str]) -> str:
-    parts = [_text(row.get(column)) for column in shown]
-    return " ".join(part for part in parts if part) or str(row["setting"])
-
-
 def _setting_name(group_by: Sequence[str], values: tuple) -> str:
     if list(group_by) == ["signature"]:
         return str(values[0])
-    return ", ".join(f"{c.removeprefix(LABEL_PREFIX)}={_text(v)}" for c, v in zip(group_by, values))
+    return ", ".join(f"{column.removeprefix(LABEL_PREFIX)}={text_of(value)}"
+                     for column, value in zip(group_by, values))
 
 
 def _common_value(series: pd.Series) -> Any:
@@ -592,7 +505,7 @@ def _common_value(series: pd.Series) -> Any:
 
 
 def _label_equals(value: Any, wanted: str) -> bool:
-    if _is_missing(value):
+    if is_missing(value):
         return False
     if str(value) == wanted:
         return True
@@ -603,26 +516,14 @@ def _label_equals(value: Any, wanted: str) -> bool:
 
 
 def _same_label(a: Any, b: Any) -> bool:
-    if _is_missing(a) or _is_missing(b):
-        return _is_missing(a) and _is_missing(b)
+    if is_missing(a) or is_missing(b):
+        return is_missing(a) and is_missing(b)
     return a == b or str(a) == str(b)
-
-
-def _is_missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
 
 
 def _add_note(summary: pd.DataFrame, index: Any, note: str) -> None:
     current = summary.at[index, "note"]
     summary.at[index, "note"] = f"{current}; {note}" if current else note
-
-
-def _text(value: Any) -> str:
-    if _is_missing(value):
-        return ""
-    if isinstance(value, float) and value.is_integer() and abs(value) >= 1:
-        return str(int(value))
-    return str(value)
 
 
 def _sort_key(series: pd.Series) -> pd.Series:
@@ -640,17 +541,3 @@ def _numeric_first(value: Any) -> tuple:
     except (TypeError, ValueError):
         return (1, 0.0, str(value))
 
-
-def _is_numeric_column(column: pd.Series) -> bool:
-    values = [v for v in column.astype(str) if v not in ("", "–", "n/a", "baseline")]
-    return bool(values) and all(re.match(r"^[<+\-−]?\d", v) for v in values)
-
-
-_LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
-                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
-                   "^": r"\textasciicircum{}", "±": r"$\pm$", "Δ": r"$\Delta$", "–": "--",
-                   "<": r"$<$", ">": r"$>$"}
-
-
-def _latex_escape(value: Any) -> str:
-    return "".join(_LATEX_SPECIALS.get(char, char) for char in str(value))

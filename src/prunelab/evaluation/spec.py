@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
 from prunelab.evaluation.perplexity import PerplexitySpec
+from prunelab.evaluation.zeroshot import ZeroShotSpec
 
 
 @dataclass(frozen=True)
 class EvaluationSpec:
     perplexity: PerplexitySpec | None = None
-    zeroshot: Any = None  # ZeroShotSpec, when the zero-shot evaluator is configured
+    zeroshot: ZeroShotSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.perplexity, Mapping):
             object.__setattr__(self, "perplexity", PerplexitySpec(**self.perplexity))
+        if isinstance(self.zeroshot, Mapping):
+            object.__setattr__(self, "zeroshot", ZeroShotSpec(**self.zeroshot))

@@ -1,0 +1,152 @@
+"""Zero-shot accuracy through lm-eval on the in-memory (pruned) model, with per-item results.
+
+lm-eval's `simple_evaluate` runs on an `HFLM` wrapping the model object itself: no save round-trip.
+Hub tasks (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa, copa, race) come
+from lm-eval's registry; the testbed's tasks (`tb_*`) are built from the shipped generator and
+handed to lm-eval as task configs over local JSON files (absolute paths: lm-eval resolves relative
+`data_files` against the working directory). Each task records which metric it reports (acc or
+acc_norm), its per-item correctness and the log-probability margin of the right answer over the
+best wrong one, for paired statistics (McNemar).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prunelab.errors import ConfigError
+from prunelab.evaluation.metrics import Metric
+
+log = logging.getLogger(__name__)
+
+METRICS = ("acc", "acc_norm")
+HUB_TASKS = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
+
+
+@dataclass(frozen=True)
+class ZeroShotSpec:
+    """Attributes:
+    tasks: lm-eval task names; `tb_*` names are the testbed's local tasks.
+    metric: the metric averaged and recorded per task (acc or acc_norm); `metric_overrides` maps a
+        task to another (e.g. {hellaswag: acc_norm}).
+    num_fewshot, limit, batch_size: as in lm-eval (`limit` = first N items per task).
+    items: number of items generated per local testbed task.
+    """
+
+    tasks: tuple[str, ...] = HUB_TASKS
+    metric: str = "acc"
+    metric_overrides: dict[str, str] = field(default_factory=dict)
+    num_fewshot: int = 0
+    limit: int | None = None
+    batch_size: int = 16
+    items: int = 500
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        object.__setattr__(self, "metric_overrides", dict(self.metric_overrides))
+        for metric in (self.metric, *self.metric_overrides.values()):
+            if metric not in METRICS:
+                raise ConfigError(f"evaluation.zeroshot metric {metric!r} is not one of {', '.join(METRICS)}")
+        if not self.tasks:
+            raise ConfigError("evaluation.zeroshot.tasks is empty")
+        local = [t for t in self.tasks if t.startswith("tb_")]
+        if local:
+            from prunelab.testbed.tasks import TASKS
+
+            unknown = [t for t in local if t not in TASKS]
+            if unknown:
+                raise ConfigError(f"unknown testbed tasks {unknown}; available: {', '.join(TASKS)}")
+
+    def metric_for(self, task: str) -> str:
+        return self.metric_overrides.get(task, self.metric)
+
+    def build(self, progress: bool = True) -> "ZeroShotEvaluator":
+        return ZeroShotEvaluator(self, progress)
+
+
+def local_task_config(name: str, items: int, folder: Path) -> dict[str, Any]:
+    """An lm-eval multiple-choice task config over the testbed task's items (written as JSONL)."""
+    from prunelab.testbed import corpus
+    from prunelab.testbed.tasks import task_items
+
+    path = folder / f"{name}-{corpus.CORPUS_VERSION}-{items}.jsonl"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as handle:
+            for item in task_items(name, items):
+                handle.write(json.dumps(item) + "\n")
+        os.replace(tmp, path)
+    return {
+        "task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(path.resolve())}},
+        "test_split": "test", "output_type": "multiple_choice", "doc_to_text": "{{context}}",
+        "doc_to_choice": "{{choices}}", "doc_to_target": "{{gold}}", "target_delimiter": "",
+        "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in METRICS],
+        "metadata": {"version": 1},
+    }
+
+
+def _margin(sample: dict[str, Any]) -> float:
+    """log p(right) - max log p(wrong) from an lm-eval multiple-choice sample."""
+    scores = [float(resp[0]) if isinstance(resp, (list, tuple)) else float(resp)
+              for resp in sample["filtered_resps"]]
+    gold = int(sample["target"])
+    return scores[gold] - max(s for i, s in enumerate(scores) if i != gold)
+
+
+class ZeroShotEvaluator:
+    name = "zeroshot"
+
+    def __init__(self, spec: ZeroShotSpec, progress: bool = True):
+        self.spec = spec
+        self.progress = progress
+        root = spec.cache_dir or os.environ.get("PRUNELAB_CACHE") or Path.home() / ".cache" / "prunelab"
+        self.task_folder = Path(root).expanduser() / "zeroshot"
+
+    def _stamp(self, task: str) -> dict[str, Any]:
+        stamp = {"evaluator": "lm-eval", "task": task, "metric": self.spec.metric_for(task),
+                 "num_fewshot": self.spec.num_fewshot, "limit": self.spec.limit}
+        if task.startswith("tb_"):
+            from prunelab.testbed import corpus
+
+            stamp.update(items=self.spec.items, corpus_version=corpus.CORPUS_VERSION)
+        return stamp
+
+    def protocol_stamps(self, model, tokenizer) -> dict[str, dict]:
+        stamps = {f"zeroshot/{t}/{self.spec.metric_for(t)}": self._stamp(t) for t in self.spec.tasks}
+        stamps["zeroshot/average"] = {"evaluator": "lm-eval", "tasks": list(self.spec.tasks)}
+        return stamps
+
+    def evaluate(self, model, tokenizer) -> dict[str, Metric]:
+        from lm_eval import simple_evaluate
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.spec.batch_size)
+        tasks: list[Any] = [local_task_config(t, self.spec.items, self.task_folder) if t.startswith("tb_")
+                            else t for t in self.spec.tasks]
+        only_local = all(t.startswith("tb_") for t in self.spec.tasks)
+        manager = TaskManager(include_defaults=not only_local) if only_local else TaskManager()
+        out = simple_evaluate(model=lm, tasks=tasks, num_fewshot=self.spec.num_fewshot,
+                              limit=self.spec.limit, task_manager=manager, log_samples=True,
+                              verbosity="WARNING")
+        metrics: dict[str, Metric] = {}
+        for task in self.spec.tasks:
+            metric = self.spec.metric_for(task)
+            samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
+            correct = [float(s[metric]) for s in samples]
+            metrics[f"zeroshot/{task}/{metric}"] = Metric(
+                value=float(out["results"][task][f"{metric},none"]), higher_is_better=True,
+                protocol={**self._stamp(task), "n": len(correct)},
+                samples={"unit": "item", "values": correct, "margins": [_margin(s) for s in samples],
+                         "mean_margin": sum(map(_margin, samples)) / max(len(samples), 1)})
+        values = [m.value for m in metrics.values()]
+        metrics["zeroshot/average"] = Metric(value=sum(values) / len(values), higher_is_better=True,
+                                             protocol=self.protocol_stamps(model, tokenizer)["zeroshot/average"])
+        return metrics

@@ -1,0 +1,158 @@
+"""Summary tables: the numbers equal scipy's on the same values, refusals, pivots, outputs."""
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ACC, PPL, SEEDS, labels_for, ppl_metric, signature_for, write_record
+from scipy import stats as scipy_stats
+
+from prunelab.analysis import records, stats, tables
+
+
+def _frame(root):
+    return records.records_to_frame(records.load_records([root]))
+
+
+def _values(frame, allocation, metric=PPL):
+    rows = frame[(frame["labels.allocation"] == allocation) & (frame["metric"] == metric)]
+    return rows.sort_values("seed")["value"].to_numpy()
+
+
+def test_summary_p_values_equal_scipy_on_the_same_numbers(study_dir):
+    frame = _frame(study_dir)
+    summary = tables.build_summary(frame, [PPL, ACC], baseline="allocation=uniform",
+                                   n_resamples=999)
+    for metric in (PPL, ACC):
+        pals, uniform = _values(frame, "pals", metric), _values(frame, "uniform", metric)
+        row = summary[(summary["labels.allocation"] == "pals") & (summary["metric"] == metric)]
+        row = row.iloc[0]
+        assert row["n"] == 3 and row["n_pairs"] == 3
+        assert row["mean"] == pytest.approx(pals.mean())
+        assert row["std"] == pytest.approx(pals.std(ddof=1))
+        assert row["diff_mean"] == pytest.approx((pals - uniform).mean())
+        assert row["p_t"] == pytest.approx(scipy_stats.ttest_rel(pals, uniform).pvalue)
+        if np.count_nonzero(pals - uniform):
+            assert row["p_wilcoxon"] == pytest.approx(scipy_stats.wilcoxon(pals, uniform).pvalue)
+    compared = summary.dropna(subset=["p_t"])
+    np.testing.assert_allclose(compared["p_t_holm"], stats.holm(compared["p_t"].to_numpy()))
+    ppl_row = summary[(summary["labels.allocation"] == "pals") & (summary["metric"] == PPL)]
+    assert ppl_row["diff_ci_low"].iloc[0] <= ppl_row["diff_mean"].iloc[0] <= ppl_row[
+        "diff_ci_high"].iloc[0] < 0
+
+
+def test_dense_reference_once_per_model_and_cells(study_dir):
+    summary = tables.build_summary(_frame(study_dir), [PPL], baseline="allocation=uniform",
+                                   n_resamples=999)
+    dense = summary[summary["is_dense"]]
+    assert len(dense) == 1 and dense["labels.method"].iloc[0] == "dense"
+    table, notes = tables.format_table(summary)
+    assert list(table["method"]) == ["dense", "wanda", "wanda"]
+    pals = table[table["allocation"] == "pals"].iloc[0]
+    assert pals[PPL].endswith("(3)") and " ± " in pals[PPL]
+    assert table[table["allocation"] == "uniform"].iloc[0]["Δ [95% CI]"] == "baseline"
+    assert any("Wilcoxon with n=3" in note for note in notes)
+
+
+def test_setting_with_a_different_protocol_is_refused(tmp_path):
+    root = tmp_path / "records"
+    base, other = signature_for("base"), signature_for("other")
+    for seed in SEEDS:
+        window = np.full(8, 2.0) + 0.01 * seed
+        write_record(root, base, seed, labels_for("uniform", 0.5), {PPL: ppl_metric(window)})
+        write_record(root, other, seed, labels_for("pals", 0.5),
+                     {PPL: ppl_metric(window - 0.1, seqlen=256)})
+    summary = tables.build_summary(_frame(root), [PPL], baseline="allocation=uniform")
+    row = summary[summary["labels.allocation"] == "pals"].iloc[0]
+    assert math.isnan(row["p_t"]) and "seqlen 256 vs 128" in row["note"]
+
+
+def test_unknown_baseline_and_metric_errors_list_what_exists(study_dir):
+    frame = _frame(study_dir)
+    with pytest.raises(records.AnalysisError, match="values seen: allocation: pals, uniform"):
+        tables.build_summary(frame, [PPL], baseline="allocation=owl")
+    with pytest.raises(records.AnalysisError, match=re.escape(f"available: {PPL}, {ACC}")):
+        tables.select_metrics(frame, ["ppl/wikitext2/token"])
+    assert tables.select_metrics(frame, ["ppl/*"]) == [PPL]
+
+
+def test_signature_baseline_and_group_by_labels(sweep_dir):
+    frame = _frame(sweep_dir)
+    base = signature_for("uniform0.5")
+    summary = tables.build_summary(frame, [PPL], baseline=base, n_resamples=99)
+    compared = summary[~summary["is_dense"] & ~summary["is_baseline"]]
+    assert len(compared) == 3 and compared["p_t"].notna().all()
+    grouped = tables.build_summary(frame, [PPL], group_by=["allocation"])
+    assert sorted(grouped.loc[~grouped["is_dense"], "n"]) == [6, 6]
+
+
+def test_pivot_method_by_sparsity(sweep_dir):
+    summary = tables.build_summary(_frame(sweep_dir), [PPL])
+    grid = tables.pivot(summary, "allocation", "sparsity", PPL)
+    assert list(grid.index) == ["dense", "pals", "uniform"]
+    assert list(grid.columns) == [0.5, 0.7]
+    assert grid.loc["dense", 0.5] == grid.loc["dense", 0.7]
+    numbers = tables.pivot(summary, ["allocation"], "sparsity", PPL, values="mean")
+    assert numbers.loc["pals", 0.7] < numbers.loc["uniform", 0.7]
+    with pytest.raises(records.AnalysisError, match="ambiguous"):
+        tables.pivot(summary, "method", "sparsity", PPL)
+
+
+def test_markdown_latex_and_csv_round_trip(study_dir, tmp_path):
+    summary = tables.build_summary(_frame(study_dir), [PPL], baseline="allocation=uniform",
+                                   n_resamples=99)
+    written = tables.write_outputs(summary, tmp_path / "out")
+    markdown = written["md"].read_text()
+    assert markdown.startswith("| model | method |") and "Notes:" in markdown
+    latex = written["tex"].read_text()
+    assert "\\toprule" in latex and "\\bottomrule" in latex and "$\\pm$" in latex
+    back = tables.read_summary_csv(written["csv"])
+    assert back["is_dense"].dtype == bool
+    pd.testing.assert_series_equal(back["p_t"], summary["p_t"], check_dtype=False)
+
+
+def test_compare_runs_per_item(study_dir):
+    loaded = records.load_records([study_dir])
+    by_allocation = {r.labels["allocation"]: r for r in loaded.completed if r.seed == 0}
+    result = tables.compare_runs(by_allocation["pals"], by_allocation["uniform"],
+                                 n_resamples=999).set_index("metric")
+    assert result.loc[PPL, "difference"] < 0 and result.loc[PPL, "ci_high"] < 0
+    assert result.loc[ACC, "test"].startswith("McNemar")
+    same = tables.compare_runs(by_allocation["pals"], by_allocation["pals"], n_resamples=99)
+    assert (same["p"] == 1.0).all() and (same["difference"] == 0).all()
+
+
+def test_partial_seed_overlap_is_paired_on_shared_seeds_with_a_note(tmp_path):
+    root = tmp_path / "records"
+    for seed in (0, 1, 2, 3):
+        write_record(root, signature_for("u"), seed, labels_for("uniform", 0.5),
+                     {PPL: ppl_metric(np.full(8, 2.0) + 0.03 * seed)})
+    for seed in (1, 2, 3, 4):
+        write_record(root, signature_for("p"), seed, labels_for("pals", 0.5),
+                     {PPL: ppl_metric(np.full(8, 1.9) + 0.01 * seed ** 2)})
+    summary = tables.build_summary(_frame(root), [PPL], baseline="allocation=uniform",
+                                   n_resamples=99)
+    row = summary[summary["labels.allocation"] == "pals"].iloc[0]
+    assert row["n_pairs"] == 3 and "paired on the 3 shared seeds (4 vs 4 runs)" in row["note"]
+
+
+def test_settings_with_identical_labels_show_their_signature(tmp_path):
+    root = tmp_path / "records"
+    for name in ("a", "b"):
+        write_record(root, signature_for(name), 0, labels_for("uniform", 0.5),
+                     {PPL: ppl_metric(np.full(8, 2.0))})
+    table, _ = tables.format_table(tables.build_summary(_frame(root), [PPL]))
+    assert "setting" in table.columns
+    assert set(table["setting"]) == {signature_for("a"), signature_for("b")}
+
+
+def test_grouping_that_mixes_protocols_says_so(tmp_path):
+    root = tmp_path / "records"
+    write_record(root, signature_for("s128"), 0, labels_for("uniform", 0.5),
+                 {PPL: ppl_metric(np.full(8, 2.0))})
+    write_record(root, signature_for("s256"), 1, labels_for("uniform", 0.5),
+                 {PPL: ppl_metric(np.full(8, 2.0), seqlen=256)})
+    summary = tables.build_summary(_frame(root), [PPL], group_by=["method"])
+    assert re.search(r"mixes protocols \(.*seqlen (128 vs 256|256 vs 128)", summary["note"].iloc[0])
