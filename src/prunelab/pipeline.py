@@ -27,7 +27,7 @@ import torch
 from prunelab.data import CalibrationSpec, DataSpec, TokenCache, calibration_samples
 from prunelab.evaluation import EvaluationSpec, PerplexityEvaluator
 from prunelab.evaluation.metrics import Metric
-from prunelab.models import LoadedModel, ModelSpec, load_model
+from prunelab.models import LoadedModel, ModelSpec, load_model, model_identity
 from prunelab.pruning.base import PruneContext, PruningMethod
 from prunelab.pruning.report import parameter_counts, sparsity_report
 from prunelab.recovery.base import Recovery, RecoveryContext
@@ -98,18 +98,6 @@ def build_labels(setup: RunSetup) -> dict[str, Any]:
             "calibration": f"{calib.source}x{calib.nsamples}x{calib.seqlen}"}
 
 
-def _model_identity(loaded: LoadedModel) -> dict[str, Any]:
-    """What identifies the dense weights: source, revision, dtype, and the weight files' sizes/mtimes."""
-    identity: dict[str, Any] = {"source": loaded.source, "revision": loaded.spec.revision,
-                                "dtype": loaded.spec.dtype,
-                                "commit": getattr(loaded.config, "_commit_hash", None)}
-    source = Path(loaded.source)
-    if source.is_dir():
-        identity["files"] = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime))
-                                   for p in source.glob("*.safetensors"))
-    return identity
-
-
 def evaluate_all(evaluators: list, loaded: LoadedModel) -> dict[str, Metric]:
     metrics: dict[str, Metric] = {}
     for evaluator in evaluators:
@@ -122,7 +110,7 @@ def dense_metrics(evaluators: list, loaded: LoadedModel, cache_dir: Path | None)
     stamps = {}
     for evaluator in evaluators:
         stamps.update(evaluator.protocol_stamps(loaded.model, loaded.tokenizer))
-    key = hashlib.sha256(json.dumps({"model": _model_identity(loaded), "stamps": stamps},
+    key = hashlib.sha256(json.dumps({"model": model_identity(loaded), "stamps": stamps},
                                     sort_keys=True, default=str).encode()).hexdigest()[:24]
     path = cache_dir / "dense" / f"{key}.json" if cache_dir else None
     if path and path.exists():
@@ -180,7 +168,8 @@ def run(setup: RunSetup) -> dict[str, Any]:
                 clock.timings["data"] = time.perf_counter() - t0
             return drawn["samples"]
 
-        ctx = PruneContext(loaded, setup.seed, calibration, setup.calibration_batch_size, setup.progress)
+        ctx = PruneContext(loaded, setup.seed, calibration, setup.calibration_batch_size, setup.progress,
+                           setup.cache_dir)
         with clock("score"):
             scores = setup.pruning.score(ctx)
         with clock("prune"):

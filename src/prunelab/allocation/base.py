@@ -1,23 +1,18 @@
-"""The allocation contract: per-layer sparsities whose mean is the target."""
+"""The allocation contract: per-layer sparsities whose mean is the target.
+
+A policy may look at the dense model and the calibration data (`ctx.calibration()`); what it
+measured goes into `details` for the record.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-from prunelab.models.loading import LoadedModel
-
-
-@dataclass
-class AllocationContext:
-    """What a policy may look at: the dense model and the run's seed (calibration comes later)."""
-
-    loaded: LoadedModel
-    seed: int
+from prunelab.pruning.base import PruneContext
 
 
 class Allocation(Protocol):
     name: str
 
-    def allocate(self, target: float, ctx: AllocationContext) -> list[float]:
+    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
         """One sparsity per decoder layer."""

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from prunelab.allocation.base import AllocationContext
+from prunelab.pruning.base import PruneContext
 
 
 class Uniform:
     name = "uniform"
 
-    def allocate(self, target: float, ctx: AllocationContext) -> list[float]:
+    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
         return [target] * ctx.loaded.adapter.num_layers

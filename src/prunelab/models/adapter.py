@@ -7,7 +7,8 @@ how to run one layer alone, and how to remove layers so that the checkpoint stil
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -98,6 +99,21 @@ class ModelAdapter:
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm then lm_head: the part of the forward pass after the last decoder layer."""
         return self.lm_head(self.final_norm(hidden))
+
+    @contextmanager
+    def layers_replaced(self, layers: Sequence[nn.Module]) -> Iterator[None]:
+        """Temporarily run the model with another layer list (the dense layers after depth
+        pruning, a swapped order for a probe); config and layer indices are restored on exit."""
+        parent_path, _, attr = self.arch.layers.rpartition(".")
+        parent = self.model.get_submodule(parent_path)
+        saved, saved_n = getattr(parent, attr), self.config.num_hidden_layers
+        setattr(parent, attr, nn.ModuleList(layers))
+        self.config.num_hidden_layers = len(layers)
+        try:
+            yield
+        finally:
+            setattr(parent, attr, saved)
+            self.config.num_hidden_layers = saved_n
 
     # --- removing layers -------------------------------------------------------------------------
     def remove_layers(self, indices: Iterable[int]) -> list[int]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -59,3 +61,15 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer or source, **hub_kwargs)
     return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, source)
+
+
+def model_identity(loaded: LoadedModel) -> dict[str, Any]:
+    """What identifies the dense weights (cache keys): source, revision, dtype, weight files."""
+    identity: dict[str, Any] = {"source": loaded.source, "revision": loaded.spec.revision,
+                                "dtype": loaded.spec.dtype,
+                                "commit": getattr(loaded.config, "_commit_hash", None)}
+    source = Path(loaded.source)
+    if source.is_dir():
+        identity["files"] = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime))
+                                   for p in source.glob("*.safetensors"))
+    return identity

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from prunelab.models.loading import LoadedModel
 
@@ -23,6 +25,7 @@ class PruneContext:
     calibration: Callable[[], torch.Tensor]  # -> [nsamples, seqlen] token ids, drawn on first call
     batch_size: int = 1
     progress: bool = True
+    cache_dir: Path | None = None  # for dense statistics shared across a sweep (allocation inputs)
 
 
 @dataclass
@@ -32,12 +35,16 @@ class PruneReport:
     Attributes:
         layer_targets: target sparsity of each decoder layer (weight pruning), or None.
         removed_layers: indices of removed decoder layers (depth pruning), or empty.
-        details: method-specific output (scores, allocation inputs, similarity matrices).
+        details: method-specific output for the record (JSON-able: layer scores, allocation
+            inputs, similarity matrices).
+        dense_layers: depth pruning keeps the unpruned layer list here, so a recovery can compute
+            the dense model's boundary activations (`adapter.layers_replaced(dense_layers)`).
     """
 
     layer_targets: list[float] | None = None
     removed_layers: list[int] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    dense_layers: list[nn.Module] | None = None
 
 
 class PruningMethod(Protocol):

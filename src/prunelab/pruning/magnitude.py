@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from prunelab.allocation import AllocationContext, Uniform
+from prunelab.allocation.uniform import Uniform
 from prunelab.allocation.base import Allocation
 from prunelab.errors import ConfigError
 from prunelab.pruning.base import PruneContext, PruneReport
@@ -44,7 +44,7 @@ class Magnitude:
     def score(self, ctx: PruneContext) -> list[float]:
         """Magnitude needs no scores beyond |W|, computed per matrix while pruning; the allocation is
         this method's scoring stage."""
-        return self.allocation.allocate(self.sparsity, AllocationContext(ctx.loaded, ctx.seed))
+        return self.allocation.allocate(self.sparsity, ctx)
 
     @torch.no_grad()
     def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:
