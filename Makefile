@@ -10,7 +10,8 @@ TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-all clean-venv
+.PHONY: setup run test test-all study clean-venv
+STUDY ?=
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +32,12 @@ test: setup
 ## Everything, slow reproductions included
 test-all: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+## Run a reproduced study and write its tables: make study STUDY=magnitude_sparsity
+study: setup
+	@test -n "$(STUDY)" || { echo "usage: make study STUDY=<name of experiments/<name>/>"; exit 2; }
+	$(VENV)/bin/prunelab experiment=$(STUDY) $(ARGS)
+	$(VENV)/bin/prunelab-aggregate records/$(STUDY) --out results/$(STUDY) $$(cat experiments/$(STUDY)/aggregate.args)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -201,7 +201,7 @@ def run(setup: RunSetup) -> dict[str, Any]:
         if setup.output_dir is not None and Path(setup.output_dir).resolve() != path.parent.resolve():
             Path(setup.output_dir).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, Path(setup.output_dir) / "result.json")
-        setup.tracker.log_record(record)
+        setup.tracker.log_record(record, path)
         setup.tracker.finish(record["status"])
         log.info("record: %s (%s)", path, record["status"])
     return record

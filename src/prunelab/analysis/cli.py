@@ -19,9 +19,10 @@ from typing import Sequence
 import pandas as pd
 
 from prunelab.analysis import plots, tables
-from prunelab.analysis.records import (AnalysisError, LoadedRecords, find_record_files,
-                                       load_records, load_wandb_runs, read_record,
-                                       records_to_frame)
+from prunelab.analysis.records import (
+    AnalysisError, LoadedRecords, find_record_files, load_records, load_wandb_runs,
+    log_table_to_wandb, read_record, records_to_frame,
+)
 from prunelab.analysis.stats import DEFAULT_N_RESAMPLES, DEFAULT_SEED
 
 PROG = "prunelab-aggregate"
@@ -61,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="bootstrap random seed")
     parser.add_argument("--wandb-project", help="also load runs from this W&B project")
     parser.add_argument("--wandb-entity", help="W&B entity of --wandb-project")
+    parser.add_argument("--wandb-log", metavar="PROJECT",
+                        help="also log the summary table to a new W&B run in PROJECT "
+                             "(online with credentials, else offline)")
     parser.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
                         help="per-item tests between two single runs (result.json or run folder)")
     parser.add_argument("-v", "--verbose", action="store_true", help="more log output")
@@ -112,7 +116,20 @@ def _aggregate(args: argparse.Namespace) -> int:
     if not args.no_plots:
         written += _write_plots(summary, loaded, metrics, args, out)
     print(f"{PROG}: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+    if args.wandb_log:
+        _log_to_wandb(summary, args.wandb_log, out)
     return 0
+
+
+def _log_to_wandb(summary: pd.DataFrame, project: str, out: Path) -> None:
+    """The aggregate table as a W&B table, in a run of its own (job_type aggregate)."""
+    from prunelab.tracking import WandbTracker
+
+    tracker = WandbTracker(project=project, dir=str(out))
+    tracker.start(name=f"aggregate-{out.name}", group="aggregate", config={"out": str(out)}, tags=[])
+    if tracker.run is not None:
+        log_table_to_wandb(summary, run=tracker.run)
+    tracker.finish("completed")
 
 
 def _load(args: argparse.Namespace) -> LoadedRecords:

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 class Tracker(Protocol):
     def start(self, name: str, group: str, config: dict[str, Any], tags: list[str]) -> None: ...
-    def log_record(self, record: dict[str, Any]) -> None: ...
+    def log_record(self, record: dict[str, Any], path: Path | None = None) -> None: ...
     def finish(self, status: str) -> None: ...
 
 
@@ -28,7 +28,7 @@ class NoTracker:
     def start(self, name: str, group: str, config: dict[str, Any], tags: list[str]) -> None:
         pass
 
-    def log_record(self, record: dict[str, Any]) -> None:
+    def log_record(self, record: dict[str, Any], path: Path | None = None) -> None:
         pass
 
     def finish(self, status: str) -> None:
@@ -87,7 +87,9 @@ class WandbTracker:
             log.warning("W&B init failed (%s: %s); continuing without it", type(err).__name__, err)
             self.run = None
 
-    def log_record(self, record: dict[str, Any]) -> None:
+    def log_record(self, record: dict[str, Any], path: Path | None = None) -> None:
+        """Metrics, per-layer sparsity as a table, and the record file itself (so
+        `prunelab aggregate --wandb-project` rebuilds the same tables from W&B)."""
         if self.run is None:
             return
         try:
@@ -108,6 +110,8 @@ class WandbTracker:
                                     data=[[r["layer"], r["target"], r["actual"]] for r in sparsity["per_layer"]])
                 self.run.log({"sparsity/per_layer": table})
             self.run.summary["status"] = record.get("status")
+            if path is not None:
+                self.run.save(str(path), base_path=str(Path(path).parent), policy="now")
         except Exception as err:
             log.warning("W&B logging failed (%s: %s); the local record is unaffected", type(err).__name__, err)
 
