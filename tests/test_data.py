@@ -72,3 +72,38 @@ def test_local_text_needs_existing_files():
         CalibrationSpec(source="local_text", paths=("/no/such.txt",))
     with pytest.raises(ConfigError, match="must list"):
         CalibrationSpec(source="local_text")
+
+
+class FakeRows(dict):
+    """What `datasets.load_dataset` returns, as far as the loaders use it."""
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return {"text": dict.__getitem__(self, "text")[key]}
+        return dict.__getitem__(self, key)
+
+
+def test_hub_eval_streams_follow_the_reference_joins(tokenizer, monkeypatch):
+    from prunelab.data import eval_token_stream
+
+    calls = []
+
+    def fake_hub(path, name=None, split="train", **kwargs):
+        calls.append((path, name, split, kwargs))
+        rows = [f"row {i} the cat sat on the mat ." for i in range(2000)]
+        return FakeRows(text=rows, sentence=rows)
+
+    monkeypatch.setattr(sources, "load_hub_dataset", fake_hub)
+    wikitext = eval_token_stream("wikitext2", tokenizer, seqlen=8)
+    rows = [f"row {i} the cat sat on the mat ." for i in range(2000)]
+    assert torch.equal(wikitext, tokenizer("\n\n".join(rows), return_tensors="pt").input_ids)
+    assert calls[-1][:3] == ("wikitext", "wikitext-2-raw-v1", "test")
+
+    c4 = eval_token_stream("c4", tokenizer, seqlen=8)
+    joined = tokenizer(" ".join(rows[:1100]), return_tensors="pt").input_ids
+    assert torch.equal(c4, joined[:, : 256 * 8])
+    assert calls[-1][3]["data_files"] == {"validation": "en/c4-validation.00000-of-00008.json.gz"}
+
+    ptb = eval_token_stream("ptb", tokenizer, seqlen=8)
+    assert torch.equal(ptb, tokenizer(" ".join(rows), return_tensors="pt").input_ids)
+    assert calls[-1][:3] == ("ptb_text_only", "penn_treebank", "test")

@@ -1,0 +1,86 @@
+"""Swap-KL probes: zero for self-swaps and identical layers; the cached-prefix probe equals the
+naive one full forward pass per variant."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny import VOCAB
+
+from prunelab.calibration import capture_layer_inputs
+from prunelab.models import ModelSpec, load_model
+from prunelab.probes.swap import (
+    SwapProbe, greedy_removal, interchange_order, layer_scores, replacement_order, token_kl,
+)
+
+
+@pytest.fixture(params=["llama", "gpt_neox"])
+def loaded(request, tiny_model_dirs):
+    return load_model(ModelSpec(name_or_path=str(tiny_model_dirs[request.param]), device="cpu"))
+
+
+def ids():
+    return torch.randint(0, VOCAB, (3, 10), generator=torch.Generator().manual_seed(5))
+
+
+def naive_kl(loaded, order, tokens):
+    """Full HF forward pass with the layers in `order`, KL to the dense pass, mean over tokens."""
+    adapter = loaded.adapter
+    with torch.no_grad():
+        dense = F.log_softmax(loaded.model(input_ids=tokens, use_cache=False).logits.float(), -1)
+        with adapter.layers_replaced([adapter.layers[k] for k in order]):
+            probe = F.log_softmax(loaded.model(input_ids=tokens, use_cache=False).logits.float(), -1)
+    return float(token_kl(dense, probe).mean())
+
+
+def test_cached_prefix_probe_equals_naive_probe(loaded):
+    tokens = ids()
+    probe = SwapProbe(loaded.adapter, max_distance=2, progress=False)
+    result = probe.run(capture_layer_inputs(loaded.adapter, tokens, batch_size=2))
+    n = loaded.adapter.num_layers
+    for i, j in result.pairs:
+        assert result.interchange[i, j] == pytest.approx(naive_kl(loaded, interchange_order(n, i, j), tokens),
+                                                         abs=1e-5)
+        forward = naive_kl(loaded, replacement_order(n, i, j), tokens)
+        backward = naive_kl(loaded, replacement_order(n, j, i), tokens)
+        assert result.replacement_directed[i, j] == pytest.approx(forward, abs=1e-5)
+        assert result.replacement[i, j] == pytest.approx(max(forward, backward), abs=1e-5)
+    assert result.cost.ratio < 0.8  # the prefix before the first changed slot is never recomputed
+
+
+def test_swapping_a_layer_with_itself_gives_zero(loaded):
+    n = loaded.adapter.num_layers
+    assert naive_kl(loaded, interchange_order(n, 1, 1), ids()) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_identical_layers_have_zero_replacement_and_interchange_distance(loaded):
+    layers = loaded.adapter.layers
+    layers[2].load_state_dict(layers[1].state_dict())
+    result = SwapProbe(loaded.adapter, max_distance=1, progress=False).run(
+        capture_layer_inputs(loaded.adapter, ids()))
+    assert result.replacement[1, 2] == pytest.approx(0.0, abs=1e-6)
+    assert result.interchange[1, 2] == pytest.approx(0.0, abs=1e-6)
+    assert result.replacement[0, 1] > 1e-6  # a different pair is not zero
+
+
+def test_mean_reduction_and_last_position():
+    ref = F.log_softmax(torch.randn(2, 4, 7), -1)
+    other = F.log_softmax(torch.randn(2, 4, 7), -1)
+    full = token_kl(ref, other)
+    last = token_kl(ref, other, positions="last")
+    manual = (ref.exp() * (ref - other)).sum(-1)
+    assert torch.allclose(full, manual.mean(1)) and torch.allclose(last, manual[:, -1])
+
+
+def test_scores_and_greedy_removal_without_adjacent_layers():
+    nan = math.nan
+    d = torch.tensor([[nan, 0.1, 0.9, nan], [0.1, nan, 0.2, 0.8], [0.9, 0.2, nan, 0.05], [nan, 0.8, 0.05, nan]])
+    scores = layer_scores(d)
+    assert scores == pytest.approx([0.1, 0.1, 0.05, 0.05])
+    assert greedy_removal(scores, 2) == [0, 2]  # 2 first, then 3 is adjacent, then 0
+    assert greedy_removal(scores, 2, allow_adjacent=True) == [2, 3]
+    with pytest.raises(ValueError):
+        greedy_removal(scores, 3)
