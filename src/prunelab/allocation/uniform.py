@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
-from prunelab.pruning.base import PruneContext
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prunelab.pruning.base import PruneContext
 
 
 class Uniform:
     name = "uniform"
+    details: dict[str, Any] = {}
 
     def allocate(self, target: float, ctx: PruneContext) -> list[float]:
         return [target] * ctx.loaded.adapter.num_layers

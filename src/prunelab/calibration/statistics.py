@@ -7,6 +7,7 @@ choose the statistic they need (Wanda: squared column norms; SparseGPT: the Hess
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
@@ -36,6 +37,61 @@ class SquaredColumnNorm:
         self.value *= self.num_samples / (self.num_samples + num_samples)
         self.num_samples += num_samples
         self.value += (x * x).sum(dim=0).to(self.value.device) / self.num_samples  # [in]
+
+
+class Hessian:
+    """SparseGPT's layer Hessian H = (2/n) sum over samples of X X^T, in fp32.
+
+    The reference's running update per batch of b samples: H *= n / (n + b); n += b;
+    X *= sqrt(2 / n); H += X X^T (X: [in, tokens]).
+    """
+
+    def __init__(self, in_features: int, device: torch.device | None = None):
+        self.value = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)  # [in, in]
+        self.num_samples = 0
+
+    def update(self, x: torch.Tensor, num_samples: int) -> None:
+        self.value *= self.num_samples / (self.num_samples + num_samples)
+        self.num_samples += num_samples
+        x = math.sqrt(2 / self.num_samples) * x.float().to(self.value.device)  # [tokens, in]
+        self.value += x.T @ x  # [in, in]
+
+
+class AbsHistogram:
+    """Counts of |x| over log-spaced bins, for percentiles of activation magnitudes that do not
+    need every activation in memory (PALS). Relative resolution: a factor (high/low)^(1/bins) per
+    bin (about 0.9% with the defaults); values below `low` (zeros too) go to an underflow bin,
+    values above `high` to an overflow bin.
+    """
+
+    def __init__(self, in_features: int | None = None, device: torch.device | None = None,
+                 bins: int = 4096, low: float = 1e-8, high: float = 1e8):
+        self.low, self.high, self.bins = low, high, bins
+        self.counts = torch.zeros(bins + 2, dtype=torch.float64)  # [underflow, bins..., overflow]
+
+    def update(self, x: torch.Tensor, num_samples: int) -> None:
+        logs = x.detach().float().abs().clamp_min(1e-30).log10().flatten()  # [tokens * in]
+        lo, hi = math.log10(self.low), math.log10(self.high)
+        index = ((logs - lo) / (hi - lo) * self.bins).floor().clamp(-1, self.bins) + 1  # 0 = underflow
+        self.counts += torch.bincount(index.long(), minlength=self.bins + 2).double().cpu()
+
+
+def histogram_quantile(counts: torch.Tensor, q: float, low: float = 1e-8, high: float = 1e8) -> float:
+    """The q-quantile (0 < q <= 1) of |x| from `AbsHistogram` counts ([bins + 2]), interpolated
+    log-linearly inside its bin; 0.0 if it falls in the underflow bin, `high` in the overflow bin."""
+    bins = counts.numel() - 2
+    cumulative = torch.cumsum(counts.double(), 0)  # [bins + 2]
+    rank = q * float(cumulative[-1])
+    index = int(torch.searchsorted(cumulative, torch.tensor([rank], dtype=torch.float64))[0])
+    index = min(index, bins + 1)
+    if index == 0:
+        return 0.0
+    if index == bins + 1:
+        return high
+    before = float(cumulative[index - 1])
+    fraction = (rank - before) / max(float(counts[index]), 1e-300)
+    lo, hi = math.log10(low), math.log10(high)
+    return 10 ** (lo + (index - 1 + fraction) * (hi - lo) / bins)
 
 
 class InputCollector(Protocol):

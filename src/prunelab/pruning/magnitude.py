@@ -3,8 +3,11 @@
 Han et al., "Learning both Weights and Connections for Efficient Neural Networks", 2015; as run in
 the Wanda repository (`--prune_method magnitude`). Score |W_ij|; one threshold per weight matrix
 (`group: matrix`, the reference default); N:M prunes the n smallest of every m consecutive inputs.
-Quirk: the reference prunes every score <= the k-th smallest (k + 1 entries, plus ties); the faithful
-default prunes exactly k, `ties: reference` reproduces the quirk. Select with `pruning=magnitude`.
+Layer-wise targets come from `pruning/allocation` (uniform by default).
+Quirks: the reference prunes every score <= the k-th smallest (k + 1 entries, plus ties); the
+faithful default prunes exactly k, `ties: reference` reproduces the quirk. `rounding: carry` keeps the
+overall sparsity on target under non-uniform allocations, `rounding: floor` is the reference's
+per-layer rounding (see `pruning.budget`). Select with `pruning=magnitude`.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from typing import Any
 
 import torch
 
+from prunelab.allocation.base import Allocation, allocation_details
 from prunelab.allocation.uniform import Uniform
-from prunelab.allocation.base import Allocation
-from prunelab.errors import ConfigError
 from prunelab.pruning.base import PruneContext, PruneReport
-from prunelab.pruning.masks import GROUPS, TIES, apply_mask, check_sparsity, make_mask, parse_sparsity_type
+from prunelab.pruning.budget import SparsityBudget, check_method_settings
+from prunelab.pruning.masks import apply_mask, make_mask
 from prunelab.scoring.weights import magnitude_scores
 
 
@@ -25,33 +28,30 @@ class Magnitude:
     name = "magnitude"
 
     def __init__(self, sparsity: float = 0.5, sparsity_type: str = "unstructured", group: str = "matrix",
-                 ties: str = "exact", allocation: Allocation | None = None):
-        check_sparsity(sparsity, sparsity_type)
-        if group not in GROUPS or ties not in TIES:
-            raise ConfigError(f"pruning.group must be one of {GROUPS} and pruning.ties one of {TIES}")
-        self.sparsity = sparsity
-        self.sparsity_type = sparsity_type
-        self.group = group
-        self.ties = ties
+                 ties: str = "exact", rounding: str = "carry", allocation: Allocation | None = None):
         self.allocation = allocation or Uniform()
-        if parse_sparsity_type(sparsity_type) and self.allocation.name != "uniform":
-            raise ConfigError("N:M sparsity fixes every layer at N/M: use pruning/allocation=uniform")
+        check_method_settings(sparsity, sparsity_type, group, ties, "pruned", rounding, self.allocation,
+                              sparsity)
+        self.sparsity, self.sparsity_type, self.group = sparsity, sparsity_type, group
+        self.ties, self.rounding = ties, rounding
 
     def labels(self) -> dict[str, Any]:
         return {"method": self.name, "sparsity": self.sparsity, "sparsity_type": self.sparsity_type,
                 "allocation": self.allocation.name}
 
     def score(self, ctx: PruneContext) -> list[float]:
-        """Magnitude needs no scores beyond |W|, computed per matrix while pruning; the allocation is
-        this method's scoring stage."""
+        """|W| is computed per matrix while pruning; this stage runs the allocation."""
         return self.allocation.allocate(self.sparsity, ctx)
 
     @torch.no_grad()
     def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:
         adapter = ctx.loaded.adapter
+        budget = SparsityBudget(self.rounding)
         for index, layer in enumerate(adapter.layers):
             for linear in adapter.linears(layer).values():
-                mask = make_mask(magnitude_scores(linear.weight), layer_targets[index],
-                                 self.sparsity_type, self.group, self.ties)
-                apply_mask(linear.weight, mask)
-        return PruneReport(layer_targets=list(layer_targets))
+                scores = magnitude_scores(linear.weight)  # [out, in]
+                ratio = budget.ratio(layer_targets[index], scores.shape, self.group)
+                apply_mask(linear.weight, make_mask(scores, ratio, self.sparsity_type, self.group, self.ties))
+                budget.record(layer_targets[index], linear.weight)
+        return PruneReport(layer_targets=list(layer_targets),
+                           details={"allocation": allocation_details(self.allocation, layer_targets)})

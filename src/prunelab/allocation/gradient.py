@@ -1,0 +1,90 @@
+"""Gradient-magnitude layer-wise sparsity: blocks whose weights get larger loss gradients keep more.
+
+The baseline the PALS paper (the seed method) compares against, and reports worse than random.
+1. On the dense model, back-propagate the calibration LM loss (next-token cross-entropy, mean over
+   tokens) one sequence at a time, and accumulate, per block, the squared gradient entries of all
+   its linears' weights; g_l = sqrt(sum / (sequences x weights)), the RMS gradient per weight.
+2. Map affinely into [S - bound, S + bound] (bound 0.05): a higher gradient gives a lower sparsity,
+   with the mean (`mean: plain` or `params`) exactly S (`allocation.bounds.centred_band`).
+3. All linears of a block share its sparsity.
+Select with `pruning/allocation=gradient` (conf/pruning/allocation/gradient.yaml).
+
+One sequence per backward pass keeps the statistic independent of the calibration batch size.
+Memory: a full forward and backward of the model plus one gradient per linear weight (as large as
+the linears themselves); the gradients are cached per model and calibration data.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from prunelab.allocation.bounds import (
+    centred_band, check_band, check_bound, check_mean, check_targets, layer_params, mean_weights,
+)
+from prunelab.allocation.stats_cache import cached
+
+if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
+    from prunelab.pruning.base import PruneContext
+
+
+def squared_gradients(ctx: PruneContext) -> torch.Tensor:
+    """[layers] sum over sequences of the squared loss gradients of each block's linear weights."""
+    adapter = ctx.loaded.adapter
+    model = adapter.model
+    samples = ctx.calibration()  # [N, T]
+    linears = [list(adapter.linears(layer).values()) for layer in adapter.layers]
+    device = model.get_input_embeddings().weight.device
+    saved = {p: p.requires_grad for p in model.parameters()}
+    total = torch.zeros(len(linears), dtype=torch.float64)  # [L]
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for layer in linears:
+            for lin in layer:
+                lin.weight.requires_grad_(True)
+        with torch.enable_grad():
+            for ids in tqdm(samples.split(1), desc="gradient: dense backward", disable=not ctx.progress,
+                            leave=False):
+                ids = ids.to(device)  # [1, T]
+                logits = model(input_ids=ids, use_cache=False).logits  # [1, T, V]
+                loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+                loss.backward()
+                for index, layer in enumerate(linears):
+                    for lin in layer:
+                        total[index] += float(lin.weight.grad.double().pow(2).sum())
+                        lin.weight.grad = None
+    finally:
+        for p, flag in saved.items():
+            p.requires_grad_(flag)
+            p.grad = None
+    return total
+
+
+class GradientAllocation:
+    name = "gradient"
+
+    def __init__(self, bound: float = 0.05, mean: str = "plain"):
+        check_bound(bound, self.name)
+        check_mean(mean, self.name)
+        self.bound, self.mean = bound, mean
+        self.details: dict = {}
+
+    def validate(self, target: float) -> None:
+        check_band(target, target - self.bound, target + self.bound, self.name)
+
+    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
+        self.validate(target)
+        squared = cached(ctx, "linear_weight_gradient_sq", {"loss": "next_token_ce", "per": "sequence"},
+                         lambda: squared_gradients(ctx))  # [L]
+        sequences = ctx.calibration().shape[0]
+        params = torch.tensor(layer_params(ctx), dtype=torch.float64)  # [L]
+        gradients = (squared / (sequences * params)).sqrt().tolist()
+        weights = mean_weights(ctx, self.mean)
+        targets = check_targets(centred_band(gradients, target, self.bound, weights), target, weights,
+                                self.name)
+        self.details = {"gradients": gradients, "bound": self.bound, "mean": self.mean}
+        return targets

@@ -1,0 +1,48 @@
+"""Random layer-wise sparsity: the baseline an allocation policy has to beat.
+
+PALS (the seed paper) reports that gradient-magnitude allocation does worse than random allocation;
+this policy makes that claim testable.
+1. Draw one uniform number per block with a generator seeded by the run's seed (`ctx.seed`).
+2. Map the draws affinely into [S - bound, S + bound] (bound 0.05) with the mean (`mean: plain` or
+   `params`) exactly S (`allocation.bounds.centred_band`).
+3. All linears of a block share its sparsity.
+Select with `pruning/allocation=random` (conf/pruning/allocation/random.yaml). No data, no model pass:
+the same seed gives the same allocation, another seed another one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from prunelab.allocation.bounds import (
+    centred_band, check_band, check_bound, check_mean, check_targets, mean_weights,
+)
+
+if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
+    from prunelab.pruning.base import PruneContext
+
+
+class RandomAllocation:
+    name = "random"
+
+    def __init__(self, bound: float = 0.05, mean: str = "plain"):
+        check_bound(bound, self.name)
+        check_mean(mean, self.name)
+        self.bound, self.mean = bound, mean
+        self.details: dict = {}
+
+    def validate(self, target: float) -> None:
+        check_band(target, target - self.bound, target + self.bound, self.name)
+
+    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
+        self.validate(target)
+        generator = torch.Generator().manual_seed(int(ctx.seed))
+        draws = torch.rand(ctx.loaded.adapter.num_layers, generator=generator, dtype=torch.float64)  # [L]
+        weights = mean_weights(ctx, self.mean)
+        targets = check_targets(centred_band(draws.tolist(), target, self.bound, weights,
+                                             higher_means_denser=False), target, weights, self.name)
+        self.details = {"draws": draws.tolist(), "seed": int(ctx.seed), "bound": self.bound,
+                        "mean": self.mean}
+        return targets

@@ -1,0 +1,88 @@
+"""Dense statistics for allocation policies: one dense pass, computed once, cached on disk.
+
+A sweep over ratios and policies on one model, data set and calibration seed measures the dense
+model the same way every time; the statistics are stored under `<cache_dir>/allocation/` keyed by
+the model's identity, a hash of the calibration tensor (for data-aware statistics) and the
+statistic's name and parameters. Files are written atomically (temporary file, then os.replace).
+With `ctx.cache_dir` None nothing is cached.
+
+The dense pass itself runs through the layer-sequential runner with `propagate="dense"`, hooking
+one linear per role (the linears of a role read the same input).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from prunelab.calibration import LayerSequentialRunner, capture_layer_inputs, collect_linear_inputs
+from prunelab.calibration.statistics import InputStatistic
+from prunelab.models import ROLES, model_identity
+
+if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
+    from prunelab.pruning.base import PruneContext
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+
+
+def calibration_hash(samples: torch.Tensor) -> str:
+    """Content hash of the [nsamples, seqlen] calibration token ids."""
+    data = samples.detach().cpu().contiguous()
+    digest = hashlib.sha256(f"{tuple(data.shape)}:{data.dtype}".encode())
+    digest.update(data.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def cache_path(ctx: PruneContext, statistic: str, params: dict[str, Any],
+               uses_calibration: bool) -> Path | None:
+    if ctx.cache_dir is None:
+        return None
+    key = {"version": CACHE_VERSION, "model": model_identity(ctx.loaded), "statistic": statistic,
+           "params": params, "calibration": calibration_hash(ctx.calibration()) if uses_calibration else None}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return Path(ctx.cache_dir) / "allocation" / f"{statistic}-{digest}.pt"
+
+
+def cached(ctx: PruneContext, statistic: str, params: dict[str, Any], compute: Callable[[], Any],
+           uses_calibration: bool = True) -> Any:
+    """compute() once per (model, calibration data, statistic, params); tensors, lists and dicts."""
+    path = cache_path(ctx, statistic, params, uses_calibration)
+    if path is not None and path.exists():
+        try:
+            value = torch.load(path, weights_only=True)
+            log.info("allocation statistic %s from cache %s", statistic, path)
+            return value
+        except Exception as err:  # a truncated or foreign file: recompute and overwrite
+            log.warning("ignoring unreadable cache file %s (%s)", path, err)
+    value = compute()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save(value, tmp)
+        os.replace(tmp, path)
+    return value
+
+
+@torch.no_grad()
+def dense_role_statistics(ctx: PruneContext, make_statistic: Callable[..., InputStatistic],
+                          desc: str = "dense statistics") -> list[dict[str, InputStatistic]]:
+    """Per decoder layer, one statistic per role's input, from a dense pass over the calibration."""
+    adapter = ctx.loaded.adapter
+    inputs = capture_layer_inputs(adapter, ctx.calibration(), ctx.batch_size)
+    runner = LayerSequentialRunner(adapter, inputs, propagate="dense", progress=ctx.progress, desc=desc)
+    per_layer: list[dict[str, InputStatistic]] = []
+    for step in runner:
+        readers = {role: next(iter(adapter.linears(step.layer, (role,)).values())) for role in ROLES}
+        with collect_linear_inputs(readers, make_statistic) as stats:
+            step.forward()
+        per_layer.append(stats)
+    return per_layer
