@@ -12,9 +12,9 @@ from tiny import VOCAB
 
 from prunelab.calibration import capture_layer_inputs
 from prunelab.models import ModelSpec, load_model
-from prunelab.probes.swap import (
-    SwapProbe, greedy_removal, interchange_order, layer_scores, replacement_order, token_kl,
-)
+from prunelab.errors import ConfigError
+from prunelab.probes.swap import SwapProbe, interchange_order, layer_scores, replacement_order, token_kl
+from prunelab.pruning.selectors import select_lowest, select_nonadjacent
 
 
 @pytest.fixture(params=["llama", "gpt_neox"])
@@ -80,7 +80,27 @@ def test_scores_and_greedy_removal_without_adjacent_layers():
     d = torch.tensor([[nan, 0.1, 0.9, nan], [0.1, nan, 0.2, 0.8], [0.9, 0.2, nan, 0.05], [nan, 0.8, 0.05, nan]])
     scores = layer_scores(d)
     assert scores == pytest.approx([0.1, 0.1, 0.05, 0.05])
-    assert greedy_removal(scores, 2) == [0, 2]  # 2 first, then 3 is adjacent, then 0
-    assert greedy_removal(scores, 2, allow_adjacent=True) == [2, 3]
-    with pytest.raises(ValueError):
-        greedy_removal(scores, 3)
+    none = frozenset()
+    assert select_nonadjacent(scores, 2, none) == [0, 2]  # 2 first, then 3 is adjacent, then 0
+    assert select_lowest(scores, 2, none) == [2, 3]  # the clustered variant allows neighbours
+    with pytest.raises(ConfigError):
+        select_nonadjacent(scores, 3, none)
+
+
+@pytest.mark.parametrize("protocol", ["interchange", "replacement"])
+def test_swap_scorers_guide_depth_pruning(tiny_model_dirs, protocol):
+    from prunelab.pruning.base import PruneContext
+    from prunelab.pruning.depth import DepthPruning
+    from prunelab.pruning.scorers.swap import SwapKL
+
+    loaded = load_model(ModelSpec(name_or_path=str(tiny_model_dirs["llama"]), device="cpu"))
+    method = DepthPruning(SwapKL(protocol=protocol, max_distance=2), num_layers=2)
+    ctx = PruneContext(loaded, seed=0, calibration=ids, progress=False)
+    scores = method.score(ctx)
+    report = method.prune(ctx, scores)
+    removed = report.removed_layers
+    assert len(removed) == 2 and abs(removed[0] - removed[1]) > 1  # never two adjacent
+    expected = sorted(range(4), key=lambda i: (scores.per_layer[i], i))
+    assert removed[0] == min(expected[0], removed[1]) or expected[0] in removed
+    probe = report.details["swap_probe"]
+    assert len(probe["gap"]) == len(probe["pairs"]) and loaded.adapter.num_layers == 2

@@ -90,11 +90,14 @@ def build_setup(cfg: DictConfig) -> RunSetup:
         output_dir = Path(HydraConfig.get().runtime.output_dir)
     except ValueError:  # not under Hydra (tests call build_setup directly)
         output_dir = None
+    pruning, recovery = build(cfg.pruning, "pruning"), build(cfg.recovery, "recovery")
+    if getattr(recovery, "requires_depth", False) and pruning.name != "depth":
+        raise ConfigError(f"recovery={recovery.name} repairs removed layers: use it with pruning=depth")
     return RunSetup(
         model=build(cfg.model, "model"),
         data=build(cfg.data, "data"),
-        pruning=build(cfg.pruning, "pruning"),
-        recovery=build(cfg.recovery, "recovery"),
+        pruning=pruning,
+        recovery=recovery,
         evaluation=build(cfg.evaluation, "evaluation"),
         tracker=build(cfg.tracking, "tracking"),
         config=config,

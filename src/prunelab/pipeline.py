@@ -31,6 +31,7 @@ from prunelab.models import LoadedModel, ModelSpec, load_model, model_identity
 from prunelab.pruning.base import PruneContext, PruningMethod
 from prunelab.pruning.report import parameter_counts, sparsity_report
 from prunelab.recovery.base import Recovery, RecoveryContext
+from prunelab.recovery.boundary import save_recovered
 from prunelab.tracking import Tracker, config_signature, is_completed, read_record, record_path, write_record
 from prunelab.tracking.environment import environment, peak_memory
 from prunelab.tracking.record import SCHEMA_VERSION
@@ -185,7 +186,7 @@ def run(setup: RunSetup) -> dict[str, Any]:
         if setup.save_model:
             with clock("save"):
                 target = path.parent / "model"
-                loaded.model.save_pretrained(target, safe_serialization=True)
+                save_recovered(loaded.model, target)  # plus any boundary operators, reloadable
                 loaded.tokenizer.save_pretrained(target)
                 record["saved_model"] = str(target)
         record["status"] = "completed"

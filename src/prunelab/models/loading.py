@@ -59,6 +59,9 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     if spec.device_map is None:
         model.to(device)
     model.eval()
+    from prunelab.recovery.boundary import apply_saved_boundary_operators  # recovery imports models
+
+    apply_saved_boundary_operators(model, source)  # Ghosted / LinearPatch operators saved with it
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer or source, **hub_kwargs)
     return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, source)
 

@@ -171,21 +171,3 @@ def layer_scores(distance: torch.Tensor) -> list[float]:
         finite = row[~torch.isnan(row)]
         scores.append(float(finite.min()) if finite.numel() else float("inf"))
     return scores
-
-
-def greedy_removal(scores: Sequence[float], count: int, allow_adjacent: bool = False,
-                   protected: Sequence[int] = ()) -> list[int]:
-    """Remove layers by ascending score; by default never two adjacent ones (the paper's rule).
-
-    `allow_adjacent=True` is the clustered variant: contiguous runs may be removed together.
-    """
-    chosen: list[int] = []
-    for index in sorted(range(len(scores)), key=lambda k: (scores[k], k)):
-        if len(chosen) == count:
-            break
-        if index in protected or (not allow_adjacent and any(abs(index - c) == 1 for c in chosen)):
-            continue
-        chosen.append(index)
-    if len(chosen) < count:
-        raise ValueError(f"cannot remove {count} layers under the adjacency and protect rules")
-    return sorted(chosen)

@@ -1,0 +1,81 @@
+"""Shortened LLaMA block criteria: weight magnitude, Taylor, and single-block-removal perplexity.
+
+Kim et al., "Shortened LLaMA: Depth Pruning for Large Language Models", 2024.
+  1. Score every block: Magnitude = sum |W| (no data, no forward pass: the forward-free
+     baseline); Taylor = sum |W * dL/dW| (gradients of the calibration LM loss, summed over batches);
+     PPL = calibration NLL of the model with that one block removed.
+  2. Sum over the block's linear weights (attention and MLP projections).
+  3. Remove the n blocks of lowest score (`selector: lowest`).
+Select with `pruning/scorer=shortened_magnitude`, `shortened_taylor` or `shortened_ppl`.
+The paper's "+" rule (keep blocks 0-3 and the last two) is on by default for the weight criteria
+(Magnitude+, Taylor+) and off for PPL: `pruning.plus_rule=true|false` overrides it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from prunelab.calibration.hidden_states import calibration_nll, progress_bar
+from prunelab.calibration.runner import batched
+from prunelab.pruning.base import PruneContext
+from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
+from prunelab.scoring.layers import taylor_importance, weight_magnitude
+
+
+class BlockMagnitude:
+    name = "shortened_magnitude"
+    selectors = ("lowest", "contiguous")
+    plus_rule = True
+
+    def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
+        adapter = ctx.loaded.adapter
+        scores = [weight_magnitude(lin.weight for lin in adapter.linears(layer).values())
+                  for layer in adapter.layers]
+        return LayerScores(per_layer=scores)
+
+
+class BlockTaylor:
+    name = "shortened_taylor"
+    selectors = ("lowest", "contiguous")
+    plus_rule = True
+
+    def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
+        adapter, model = ctx.loaded.adapter, ctx.loaded.model
+        weights = [[lin.weight for lin in adapter.linears(layer).values()] for layer in adapter.layers]
+        flags = {p: p.requires_grad for p in model.parameters()}
+        tracked = [w for ws in weights for w in ws]
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for w in tracked:
+            w.requires_grad_(True)
+            w.grad = None
+        device = model.get_input_embeddings().weight.device
+        try:
+            with torch.enable_grad():
+                batches = batched(ctx.calibration(), ctx.batch_size)
+                for batch in progress_bar(batches, ctx.progress, "taylor"):
+                    logits = model(input_ids=batch.to(device), use_cache=False).logits  # [B, T, V]
+                    loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                           batch[:, 1:].reshape(-1).to(device))
+                    loss.backward()
+            scores = [taylor_importance(ws, [w.grad for w in ws]) for ws in weights]
+        finally:
+            for w in tracked:
+                w.grad = None
+            for p, flag in flags.items():
+                p.requires_grad_(flag)
+        return LayerScores(per_layer=scores)
+
+
+class BlockPerplexity:
+    name = "shortened_ppl"
+    selectors = ("lowest", "contiguous")
+    plus_rule = False
+
+    def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
+        adapter = ctx.loaded.adapter
+        samples, layers = ctx.calibration(), list(adapter.layers)
+        scores = [calibration_nll(adapter, samples, ctx.batch_size, layers=layers[:i] + layers[i + 1:])
+                  for i in progress_bar(range(len(layers)), ctx.progress, "single-block removal")]
+        return LayerScores(per_layer=scores, details={"score": "calibration NLL without the block"})

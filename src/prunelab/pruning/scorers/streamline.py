@@ -1,0 +1,43 @@
+"""LLM-Streamline block selection: the contiguous block whose input and output are most similar.
+
+Chen et al., "Compressing Large Language Models by Streamlining the Unimportant Layer", 2024.
+  1. Run the calibration set through the dense model, keeping h_j for a window of n + 1 layers.
+  2. s_j = mean over tokens of cos(h_j, h_{j+n}) (cosine over the hidden dimension).
+  3. Remove layers j*..j*+n-1 with j* = argmax_j s_j; the score recorded is 1 - s_j (lower = removed).
+Select with `pruning=depth pruning/scorer=streamline`.
+Quirk: the LinearPatch / Ghosted code compute this cosine with dim=1 on [B, T, C] (over tokens):
+`cosine_dim: tokens`. Their search also skips start 0 and the block ending at the last layer:
+`pruning.protect_first=1 pruning.protect_last=1`.
+"""
+
+from __future__ import annotations
+
+from prunelab.calibration.hidden_states import iter_hidden_states, iter_state_pairs
+from prunelab.errors import ConfigError
+from prunelab.pruning.base import PruneContext
+from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
+from prunelab.scoring.layers import COSINE_DIMS, RunningMean, cosine_terms
+
+
+class Streamline:
+    name = "streamline"
+    selectors = ("contiguous",)
+    plus_rule = False
+
+    def __init__(self, cosine_dim: str = "hidden"):
+        if cosine_dim not in COSINE_DIMS:
+            raise ConfigError(f"pruning.scorer.cosine_dim must be one of {COSINE_DIMS}, not {cosine_dim!r}")
+        self.cosine_dim = cosine_dim
+
+    def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
+        n, num_layers = request.num_remove, request.num_layers
+        block: list[float | None] = [None] * num_layers
+        if n > 0:
+            states = iter_hidden_states(ctx.loaded.adapter, ctx.calibration(), ctx.batch_size,
+                                        ctx.progress, desc="streamline")
+            for start, h_in, h_out in iter_state_pairs(states, n):
+                mean_cos = RunningMean()
+                for a, b in zip(h_in, h_out):  # [B, T, C]
+                    mean_cos.update(cosine_terms(a, b, self.cosine_dim))
+                block[start] = 1.0 - mean_cos.value
+        return LayerScores(block_starts=block, details={"cosine_dim": self.cosine_dim, "block_size": n})

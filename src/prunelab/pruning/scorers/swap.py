@@ -1,0 +1,48 @@
+"""Swap-KL scorers: remove the layers another layer can best stand in for.
+
+"No Free Swap" (seed method). The probe (`prunelab.probes.swap`) measures, for all pairs within
+`max_distance`, the replacement distance d_repl(i, j) (slot i runs layer j's weights; max over both
+directions by default) or the interchange distance d_int(i, j) (the two layers swap places). Layer
+score s(i) = min over probed partners j of d(i, j); layers are removed by ascending score with no
+two adjacent (`selector: nonadjacent`, the paper's rule) or, as the clustered variant, adjacent
+ones allowed (`selector: lowest`).
+Select with `pruning=depth pruning/scorer=swap_interchange` or `pruning/scorer=swap_replacement`.
+Both matrices, the per-pair gap (replacement - interchange) and the probe's cost go into the record.
+"""
+
+from __future__ import annotations
+
+from prunelab.calibration import capture_layer_inputs
+from prunelab.errors import ConfigError
+from prunelab.probes.swap import POSITIONS, REDUCTIONS, SwapProbe, layer_scores
+from prunelab.pruning.base import PruneContext
+from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
+
+PROTOCOLS = ("interchange", "replacement")
+
+
+class SwapKL:
+    selectors = ("nonadjacent", "lowest")
+    plus_rule = False
+
+    def __init__(self, protocol: str = "interchange", max_distance: int = 3, reduce: str = "max",
+                 positions: str = "all", nsamples: int | None = None):
+        if protocol not in PROTOCOLS:
+            raise ConfigError(f"pruning.scorer.protocol must be one of {PROTOCOLS}, not {protocol!r}")
+        if reduce not in REDUCTIONS or positions not in POSITIONS:
+            raise ConfigError(f"pruning.scorer: reduce in {REDUCTIONS}, positions in {POSITIONS}")
+        if max_distance < 1:
+            raise ConfigError("pruning.scorer.max_distance must be >= 1")
+        self.protocol, self.max_distance, self.reduce = protocol, max_distance, reduce
+        self.positions, self.nsamples = positions, nsamples
+        self.name = f"swap_{protocol}"
+
+    def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
+        adapter = ctx.loaded.adapter
+        samples = ctx.calibration()
+        samples = samples[: self.nsamples] if self.nsamples else samples
+        inputs = capture_layer_inputs(adapter, samples, ctx.batch_size)
+        result = SwapProbe(adapter, self.max_distance, self.reduce, self.positions,
+                           progress=ctx.progress).run(inputs)
+        distance = result.interchange if self.protocol == "interchange" else result.replacement
+        return LayerScores(per_layer=layer_scores(distance), details={"swap_probe": result.to_dict()})
