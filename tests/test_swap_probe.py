@@ -104,3 +104,11 @@ def test_swap_scorers_guide_depth_pruning(tiny_model_dirs, protocol):
     assert removed[0] == min(expected[0], removed[1]) or expected[0] in removed
     probe = report.details["swap_probe"]
     assert len(probe["gap"]) == len(probe["pairs"]) and loaded.adapter.num_layers == 2
+
+
+def test_layer_matrices_are_found_for_heatmaps():
+    from prunelab.tracking.trackers import layer_matrices
+
+    details = {"pairwise": [[1.0, 0.5], [0.5, 1.0]], "layer_scores": [0.1, 0.2],
+               "swap_probe": {"interchange": [[None, 0.1], [0.1, None]], "pairs": [[0, 1]]}}
+    assert sorted(layer_matrices(details)) == ["pairwise", "swap_probe/interchange"]

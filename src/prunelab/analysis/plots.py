@@ -114,6 +114,19 @@ def plot_layer_profile(records: Iterable[RunRecord], kind: str = "sparsity",
     return figure
 
 
+def plot_matrix(matrix: Sequence[Sequence[float | None]], title: str, label: str = "similarity") -> Figure:
+    """Heatmap of an all-pairs layer matrix (WRP similarity, swap-KL distances); None = not probed."""
+    values = np.array([[np.nan if v is None else float(v) for v in row] for row in matrix])
+    figure = _figure(1)
+    ax = figure.add_subplot()
+    image = ax.imshow(values, cmap="viridis", origin="upper")
+    ax.set_xlabel("layer j")
+    ax.set_ylabel("layer i")
+    ax.set_title(title)
+    figure.colorbar(image, ax=ax, label=label)
+    return figure
+
+
 def save_figure(figure: Figure, path: str | Path, dpi: int = 150) -> Path:
     """Save a figure as PNG (Agg), creating the folder."""
     path = Path(path)

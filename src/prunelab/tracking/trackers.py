@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 
@@ -20,6 +22,19 @@ class Tracker(Protocol):
     def start(self, name: str, group: str, config: dict[str, Any], tags: list[str]) -> None: ...
     def log_record(self, record: dict[str, Any], path: Path | None = None) -> None: ...
     def finish(self, status: str) -> None: ...
+
+
+def layer_matrices(details: dict[str, Any], prefix: str = "") -> dict[str, list[list[Any]]]:
+    """Square all-pairs layer matrices inside a record's `pruning` details (WRP similarity, swap-KL
+    replacement and interchange distances), found one nesting level deep."""
+    found: dict[str, list[list[Any]]] = {}
+    for key, value in details.items():
+        if isinstance(value, dict) and not prefix:
+            found.update(layer_matrices(value, f"{key}/"))
+        elif (isinstance(value, list) and len(value) > 1 and all(isinstance(r, list) for r in value)
+              and all(len(r) == len(value) for r in value)):
+            found[prefix + key] = value
+    return found
 
 
 class NoTracker:
@@ -109,6 +124,12 @@ class WandbTracker:
                 table = wandb.Table(columns=["layer", "target", "actual"],
                                     data=[[r["layer"], r["target"], r["actual"]] for r in sparsity["per_layer"]])
                 self.run.log({"sparsity/per_layer": table})
+            for name, matrix in layer_matrices(record.get("pruning") or {}).items():
+                from prunelab.analysis.plots import plot_matrix
+
+                figure = plot_matrix(matrix, name)
+                figure.canvas.draw()
+                self.run.log({f"heatmap/{name}": wandb.Image(np.asarray(figure.canvas.buffer_rgba()))})
             self.run.summary["status"] = record.get("status")
             if path is not None:
                 self.run.save(str(path), base_path=str(Path(path).parent), policy="now")
