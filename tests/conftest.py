@@ -6,7 +6,9 @@ tokenizer is trained on the fly, so nothing is downloaded.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -16,7 +18,9 @@ from tiny import ARCHS, TEXT, make_tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
-os.environ.setdefault("PRUNELAB_CACHE", tempfile.mkdtemp(prefix="prunelab-cache-"))
+if "PRUNELAB_CACHE" not in os.environ:  # a private cache per test session, removed at exit
+    os.environ["PRUNELAB_CACHE"] = tempfile.mkdtemp(prefix="prunelab-cache-")
+    atexit.register(shutil.rmtree, os.environ["PRUNELAB_CACHE"], True)
 torch.set_num_threads(2)
 
 @pytest.fixture(scope="session")
