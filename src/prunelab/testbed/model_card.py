@@ -42,7 +42,8 @@ def _task_table(rows: dict[str, dict[str, float]]) -> str:
     header = "| model | " + " | ".join(tasks.TASKS) + " |"
     lines = [header, "|" + "---|" * (len(tasks.TASKS) + 1)]
     for label, accuracies in rows.items():
-        lines.append(f"| {label} | " + " | ".join(f"{100 * accuracies[t]:.1f}" for t in tasks.TASKS) + " |")
+        cells = " | ".join(f"{100 * accuracies[t]:.1f}" for t in tasks.TASKS)
+        lines.append(f"| {label} | {cells} |")
     return "\n".join(lines)
 
 
@@ -64,11 +65,14 @@ def render_report(stats: dict, report: dict, title: str) -> str:
         + ", ".join(f"{k}={v}" for k, v in model.items()),
         f"- steps: {stats['steps']}, tokens: {stats['tokens']:,} "
         f"(batch {stats['recipe']['train']['batch_size']} x {stats['recipe']['train']['seq_len']})",
-        f"- wall time: {stats['wall_minutes']:.1f} min at {stats['tokens_per_second']:.0f} tokens/s "
+        f"- wall time: {stats['wall_minutes']:.1f} min at "
+        f"{stats['tokens_per_second']:.0f} tokens/s "
         f"({stats['recipe']['train']['threads']} CPU thread(s))",
         f"- final train loss: {stats['final_train_loss']:.4f}; final validation loss: "
         f"{stats['final_val_loss']:.4f}",
-        f"- regenerate: `python -m prunelab.testbed.train recipe={stats['name']}`",
+        f"- regenerate: `python -m prunelab.testbed.train recipe={stats['name']}` (the budget is "
+        "wall-clock minutes, so the step count depends on the machine; data order is fixed; "
+        f"`train.minutes=null train.steps={stats['steps']}` runs a step-scheduled equivalent)",
         "",
         "## Quality (computed by `prunelab.testbed.quality`)",
         "",
@@ -79,7 +83,8 @@ def render_report(stats: dict, report: dict, title: str) -> str:
         f"{report['unigram_ppl']:.1f}; ratio unigram/test = "
         f"{report['unigram_ppl'] / report['test_ppl']:.1f}",
         f"- magnitude pruning 50% (per matrix, decoder-block linears): ppl "
-        f"{report['magnitude_50']['ppl']:.3f} (+{100 * report['magnitude_50']['ppl_increase']:.1f}%)",
+        f"{report['magnitude_50']['ppl']:.3f} "
+        f"(+{100 * report['magnitude_50']['ppl_increase']:.1f}%)",
         f"- magnitude pruning 70%: ppl {report['magnitude_70']['ppl']:.3f} "
         f"(+{100 * report['magnitude_70']['ppl_increase']:.1f}%)",
         f"- single-layer removal, ppl increase: min {100 * min(removal):.1f}%, "
@@ -124,11 +129,17 @@ def write_cards(output_dir: Path) -> dict:
         }
         logger.info("%s: %s", directory.name, per_step[directory.name])
     card = render_report(stats, report, f"{stats['name']} (final checkpoint `{final.name}`)")
-    card += "\n## Checkpoints\n\nLoad a checkpoint with `revision=\"step<N>\"` meaning the " \
-            "subfolder (e.g. `from_pretrained(path / \"step0\")`); the final step is the default.\n\n"
-    card += "| checkpoint | test ppl | size MB |\n|---|---|---|\n"
+    card += ("\n## Checkpoints\n\nLoad a checkpoint with `revision=\"step<N>\"` meaning the "
+             "subfolder (e.g. `from_pretrained(path / \"step0\")`); the final step is the "
+             "default.\n\n")
+    card += ("Checkpoints are taken when training progress (wall-clock budget, see the recipe) "
+             "crosses Pythia's proportions 0, 1/143, 16/143, 64/143 and 143/143, so the step "
+             "fractions below are approximate.\n\n")
+    card += "| checkpoint | fraction of steps | test ppl | size MB |\n|---|---|---|---|\n"
     for directory in steps:
-        card += (f"| {directory.name} | {per_step[directory.name]['test_ppl']:.3f} | "
+        fraction = int(directory.name[4:]) / max(1, stats["steps"])
+        card += (f"| {directory.name} | {fraction:.4f} | "
+                 f"{per_step[directory.name]['test_ppl']:.3f} | "
                  f"{_directory_megabytes(directory):.1f} |\n")
     card += "\n" + _task_table({name: row["tasks"] for name, row in per_step.items()}) + "\n"
     (output_dir / "README.md").write_text(card)

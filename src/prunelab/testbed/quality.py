@@ -103,18 +103,19 @@ def task_accuracy(model: nn.Module, tokenizer, name: str, n: int = TASK_ITEMS,
             continuation = tokenizer(choice, add_special_tokens=False)["input_ids"]
             sequences.append(context + continuation)
             spans.append((len(context), len(context) + len(continuation)))
-    scores = []
-    for start in range(0, len(sequences), batch_size):
-        chunk = sequences[start:start + batch_size]
-        width = max(len(s) for s in chunk)
+    scores = [0.0] * len(sequences)
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # little padding
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        width = max(len(sequences[i]) for i in chunk)
         batch = torch.zeros(len(chunk), width, dtype=torch.long)
-        for row, sequence in enumerate(chunk):
-            batch[row, :len(sequence)] = torch.tensor(sequence)
+        for row, index in enumerate(chunk):
+            batch[row, :len(sequences[index])] = torch.tensor(sequences[index])
         log_probs = model(input_ids=batch, use_cache=False).logits.float().log_softmax(-1)
-        for row, (begin, end) in enumerate(spans[start:start + batch_size]):
+        for row, index in enumerate(chunk):
+            begin, end = spans[index]
             positions = torch.arange(begin - 1, end - 1)
-            targets = batch[row, begin:end]
-            scores.append(log_probs[row, positions, targets].sum().item())
+            scores[index] = log_probs[row, positions, batch[row, begin:end]].sum().item()
     correct, cursor = 0, 0
     for item in items:
         item_scores = scores[cursor:cursor + len(item["choices"])]
@@ -134,7 +135,8 @@ def evaluate(model: nn.Module, tokenizer, *, layer_removal: bool = True, pruning
     windows = test_windows(tokenizer, n_documents)
     report: dict = {"test_windows": len(windows), "window": windows.size(1)}
     report["test_ppl"] = perplexity(model, windows)
-    report["validation_ppl"] = perplexity(model, test_windows(tokenizer, n_documents, split="validation"))
+    validation = test_windows(tokenizer, n_documents, split="validation")
+    report["validation_ppl"] = perplexity(model, validation)
     report["unigram_ppl"] = corpus.unigram_perplexity(tokenizer)
     report["tasks"] = all_task_accuracies(model, tokenizer, n_items)
     logger.info("dense: test ppl %.3f, tasks %s", report["test_ppl"], report["tasks"])

@@ -6,8 +6,9 @@ and there are always two of them (chance = 50%).
 
 Skill tasks test generalisation, so their items are fresh compositions that never occur in
 training text: agreement uses (head, attractor) noun pairs reserved by
-``corpus.is_reserved_agreement_pair``; arithmetic uses problems reserved by
-``corpus.is_reserved_sum``; pronoun and tracking stories come from a separate seed stream.
+``corpus.is_reserved_agreement_pair``; arithmetic uses only problems outside the training set
+``corpus.is_training_sum`` (about a fifth of all problems); pronoun and tracking stories come
+from a separate seed stream.
 Fact tasks (city, job, colour, pet) test memorised world facts by design.
 """
 
@@ -18,10 +19,10 @@ import random
 from prunelab.testbed import corpus
 
 TASKS: tuple[str, ...] = (
-    "tb_agreement", "tb_pronoun", "tb_tracking", "tb_arithmetic",
+    "tb_agreement", "tb_pronoun", "tb_tracking", "tb_tracking_long", "tb_arithmetic",
     "tb_city", "tb_job", "tb_colour", "tb_pet",
 )
-SKILL_TASKS = ("tb_agreement", "tb_pronoun", "tb_tracking", "tb_arithmetic")
+SKILL_TASKS = ("tb_agreement", "tb_pronoun", "tb_tracking", "tb_tracking_long", "tb_arithmetic")
 FACT_TASKS = ("tb_city", "tb_job", "tb_colour", "tb_pet")
 
 
@@ -41,12 +42,14 @@ def _agreement(rng: random.Random) -> dict:
     return _item(rng, phrase[0].upper() + phrase[1:], right, wrong)
 
 
-def _story_until(rng: random.Random, accept) -> tuple[corpus.Story, list[str]]:
-    """Run a story (3-8 events, status lines as in training) until ``accept(state)`` holds."""
+def _story_until(rng: random.Random, accept, num_people: int | None = None,
+                 num_objects: int | None = None, events: tuple[int, int] = (3, 8),
+                 ) -> tuple[corpus.Story, list[str]]:
+    """Run a story (status lines as often as in training) until ``accept(state)`` holds."""
     while True:
-        state = corpus.Story(rng)
+        state = corpus.Story(rng, num_people, num_objects)
         sentences = [state.opening()]
-        for _ in range(rng.randint(3, 8)):
+        for _ in range(rng.randint(*events)):
             sentences.append(state.step())
             if rng.random() < 0.35:
                 sentences.append(state.status(rng.choice(state.objects)))
@@ -68,12 +71,18 @@ def _pronoun(rng: random.Random) -> dict:
     return _item(rng, " ".join(sentences), "she" if female else "he", "he" if female else "she")
 
 
-def _tracking(rng: random.Random) -> dict:
-    """"Now the obj is with" must name the current holder, not an earlier one."""
+def _tracking(rng: random.Random, long: bool = False) -> dict:
+    """"Now the obj is with" must name the current holder, not an earlier one.
+
+    ``long``: three people, two objects and 8-14 events, so more state must be carried.
+    """
     def handed_over(state):
         return any(state.holder[o] and state.previous_holders[o] for o in state.objects)
 
-    state, sentences = _story_until(rng, handed_over)
+    if long:
+        state, sentences = _story_until(rng, handed_over, 3, 2, (8, 14))
+    else:
+        state, sentences = _story_until(rng, handed_over)
     obj = rng.choice([o for o in state.objects if state.holder[o] and state.previous_holders[o]])
     holder = state.holder[obj]
     earlier = [p for p in state.previous_holders[obj] if p != holder]
@@ -83,10 +92,10 @@ def _tracking(rng: random.Random) -> dict:
 
 
 def _arithmetic(rng: random.Random) -> dict:
+    """A sum never seen in training; the wrong answer is 4-9 away (tests number sense)."""
     problem, result = corpus.arithmetic_problem(rng, train=False)
-    wrong = max(0, result + rng.choice((-3, -2, -1, 1, 2, 3)))
-    if wrong == result:
-        wrong = result + 1
+    offsets = [o for o in range(-9, 10) if abs(o) >= 4 and result + o >= 0]
+    wrong = result + rng.choice(offsets)
     name = rng.choice(corpus.FEMALE_NAMES + corpus.MALE_NAMES)
     context = f"{name} did some sums: {problem} is"
     return _item(rng, context, corpus.number_word(result), corpus.number_word(wrong))
@@ -117,6 +126,7 @@ def _fact_items(name: str, n: int, rng: random.Random) -> list[dict]:
 _SKILL_BUILDERS = {
     "tb_agreement": _agreement, "tb_pronoun": _pronoun,
     "tb_tracking": _tracking, "tb_arithmetic": _arithmetic,
+    "tb_tracking_long": lambda rng: _tracking(rng, long=True),
 }
 
 

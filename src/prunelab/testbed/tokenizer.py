@@ -27,7 +27,8 @@ TRAINING_DOCUMENTS = 20_000
 TOKENIZER_DIR = Path(__file__).resolve().parent / "checkpoints" / "tokenizer"
 
 
-def train_tokenizer(vocab_size: int = VOCAB_SIZE, num_documents: int = TRAINING_DOCUMENTS) -> Tokenizer:
+def train_tokenizer(vocab_size: int = VOCAB_SIZE,
+                    num_documents: int = TRAINING_DOCUMENTS) -> Tokenizer:
     """Train a byte-level BPE on the first ``num_documents`` train documents (deterministic)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -2,16 +2,23 @@
 
 Usage::
 
-    python -m prunelab.testbed.train recipe=testbed_llama [train.steps=3000 output_dir=/tmp/x ...]
+    python -m prunelab.testbed.train recipe=testbed_llama [train.minutes=50 output_dir=/tmp/x ...]
 
-The recipe (``recipes/<name>.yaml``, OmegaConf) fixes architecture, optimiser, step count and
-seed; ``key=value`` arguments override it. Data is the deterministic ``corpus`` train stream,
-joined with blank lines, cut into ``seq_len`` windows and shuffled in blocks with a seeded RNG,
-so a run is reproducible. Models are built with transformers' own classes
+The recipe (``recipes/<name>.yaml``, OmegaConf) fixes architecture, optimiser, budget (steps,
+or wall-clock minutes) and seed; ``key=value`` arguments override it. Data is the deterministic
+``corpus`` train stream, joined with blank lines, cut into ``seq_len`` windows and shuffled in
+blocks with a seeded RNG, so the data order is reproducible (with a wall-clock budget, only the
+number of steps taken depends on the machine). Models are built with transformers' own classes
 (``LlamaForCausalLM``, ``GPTNeoXForCausalLM``), saved float32 with ``save_pretrained`` plus the
 tokenizer files, and described by a ``README.md`` model card whose numbers come from
 ``quality.evaluate``. With ``checkpoint_fractions`` set, a Pythia-style series of
 ``step<N>/`` directories is written instead of a single directory.
+
+Regenerate everything shipped::
+
+    python -m prunelab.testbed.tokenizer
+    python -m prunelab.testbed.train recipe=testbed_llama
+    python -m prunelab.testbed.train recipe=testbed_pythia
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ def build_model(recipe: DictConfig, tokenizer) -> torch.nn.Module:
         vocab_size=padded_vocab_size(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        max_position_embeddings=recipe.train.seq_len * 2,
+        max_position_embeddings=recipe.train.seq_len,  # the context it is trained on: longer windows are out of distribution
     )
     if recipe.arch == "llama":
         config = LlamaConfig(**common, **options)
@@ -98,13 +105,13 @@ def training_batches(tokenizer, seq_len: int, batch_size: int, seed: int) -> Ite
             yield torch.tensor(windows[start:start + batch_size], dtype=torch.long)
 
 
-def learning_rate(step: int, recipe: DictConfig) -> float:
-    """Linear warm-up then cosine decay to ``min_lr_ratio * lr``."""
+def learning_rate(step: int, progress: float, recipe: DictConfig) -> float:
+    """Linear warm-up over ``warmup_steps``, then cosine decay (by ``progress`` in [0, 1]) to
+    ``min_lr_ratio * lr``."""
     train = recipe.train
     if step < train.warmup_steps:
         return train.lr * (step + 1) / train.warmup_steps
-    progress = min(1.0, (step - train.warmup_steps) / max(1, train.steps - train.warmup_steps))
-    cosine = 0.5 * (1 + math.cos(math.pi * progress))
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return train.lr * (train.min_lr_ratio + (1 - train.min_lr_ratio) * cosine)
 
 
@@ -122,9 +129,23 @@ def save_checkpoint(model: torch.nn.Module, tokenizer, directory: Path) -> None:
     logger.info("saved %s", directory)
 
 
-def checkpoint_steps(recipe: DictConfig) -> list[int]:
-    fractions = recipe.get("checkpoint_fractions") or []
-    return sorted({round(float(f) * recipe.train.steps) for f in fractions})
+class Progress:
+    """Training progress in [0, 1]: by step count, or by wall-clock when ``train.minutes`` is set.
+
+    The wall-clock mode exists because the CPU may be shared: a fixed step count can overrun a
+    hard deadline. Data order stays deterministic; only the number of steps taken varies, and it
+    is recorded (``train.steps=<N> train.minutes=null`` replays a run exactly).
+    """
+
+    def __init__(self, train: DictConfig):
+        self.steps = train.get("steps")
+        self.minutes = train.get("minutes")
+        self.started = time.time()
+
+    def __call__(self, step: int) -> float:
+        if self.minutes:
+            return (time.time() - self.started) / (60 * self.minutes)
+        return step / self.steps
 
 
 def train(recipe: DictConfig) -> dict:
@@ -136,7 +157,7 @@ def train(recipe: DictConfig) -> dict:
     logger.info("%s: %s with %.2fM parameters", recipe.name, recipe.arch, parameters / 1e6)
     train = recipe.train
     output = Path(recipe.output_dir)
-    series = checkpoint_steps(recipe)
+    fractions = sorted(float(f) for f in (recipe.get("checkpoint_fractions") or []))
     if output.exists():
         shutil.rmtree(output)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
@@ -146,65 +167,68 @@ def train(recipe: DictConfig) -> dict:
          {"params": no_decay, "weight_decay": 0.0}],
         lr=train.lr, betas=tuple(train.betas), eps=1e-8,
     )
-    step_fn = model
-    if train.get("compile"):
-        step_fn = torch.compile(model)
+    forward = torch.compile(model) if train.get("compile") else model
     validation = quality.test_windows(tokenizer, 120, train.seq_len, split="validation")
     batches = training_batches(tokenizer, train.seq_len, train.batch_size, recipe.seed)
-    history = []
-    started = time.time()
+    history, saved_steps = [], []
+    progress = Progress(train)
     window_started, window_tokens, window_loss, window_steps = time.time(), 0, 0.0, 0
-    tokens_seen = 0
-    for step in range(train.steps + 1):
-        if step in series:
+    tokens_seen, step, last_train_loss = 0, 0, float("nan")
+
+    def evaluate_validation() -> None:
+        loss = validation_loss(model, validation)
+        history.append({"step": step, "tokens": tokens_seen, "val_loss": loss,
+                        "minutes": (time.time() - progress.started) / 60})
+        logger.info("step %d: val loss %.4f (ppl %.3f)", step, loss, math.exp(loss))
+
+    while True:
+        done = progress(step) >= 1.0
+        if fractions and (done or progress(step) >= fractions[0]):
+            while fractions and (done or progress(step) >= fractions[0]):
+                fractions.pop(0)
             save_checkpoint(model, tokenizer, output / f"step{step}")
-        if step % train.eval_every == 0 or step == train.steps:
-            loss = validation_loss(model, validation)
-            history.append({"step": step, "tokens": tokens_seen, "val_loss": loss,
-                            "minutes": (time.time() - started) / 60})
-            logger.info("step %d: val loss %.4f (ppl %.3f)", step, loss, math.exp(loss))
-        if step == train.steps:
+            saved_steps.append(step)
+        if done:
             break
+        if step % train.eval_every == 0:
+            evaluate_validation()
         model.train()
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, recipe)
+            group["lr"] = learning_rate(step, progress(step), recipe)
         batch = next(batches)
-        loss = step_fn(input_ids=batch, labels=batch, use_cache=False).loss
+        loss = forward(input_ids=batch, labels=batch, use_cache=False).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
         optimizer.step()
+        step += 1
         tokens_seen += batch.numel()
         window_tokens += batch.numel()
         window_loss += loss.item()
         window_steps += 1
-        if (step + 1) % train.log_every == 0:
+        if step % train.log_every == 0:
             elapsed = time.time() - window_started
-            logger.info("step %d/%d loss %.4f lr %.2e %.0f tok/s elapsed %.1f min",
-                        step + 1, train.steps, window_loss / window_steps,
-                        optimizer.param_groups[0]["lr"], window_tokens / elapsed,
-                        (time.time() - started) / 60)
             last_train_loss = window_loss / window_steps
+            logger.info("step %d (%.1f%%) loss %.4f lr %.2e %.0f tok/s elapsed %.1f min",
+                        step, 100 * progress(step), last_train_loss,
+                        optimizer.param_groups[0]["lr"], window_tokens / elapsed,
+                        (time.time() - progress.started) / 60)
             window_started, window_tokens, window_loss, window_steps = time.time(), 0, 0.0, 0
-        if train.get("max_minutes") and time.time() - started > 60 * train.max_minutes:
-            logger.warning("time budget of %s min reached at step %d", train.max_minutes, step)
-            break
-    wall_minutes = (time.time() - started) / 60
-    final_dir = output / f"step{train.steps}" if series else output
-    if not series or step < train.steps:
-        save_checkpoint(model, tokenizer, output / f"step{step + 1}" if series else output)
-        final_dir = output / f"step{step + 1}" if series else output
+    wall_minutes = (time.time() - progress.started) / 60
+    evaluate_validation()
+    if not saved_steps:
+        save_checkpoint(model, tokenizer, output)
     stats = {
         "name": recipe.name, "arch": recipe.arch, "parameters": parameters,
-        "corpus_version": corpus.CORPUS_VERSION, "steps": train.steps,
+        "corpus_version": corpus.CORPUS_VERSION, "steps": step,
         "tokens": tokens_seen, "wall_minutes": wall_minutes,
-        "tokens_per_second": tokens_seen / (wall_minutes * 60),
-        "final_train_loss": last_train_loss if train.steps >= train.log_every else None,
-        "final_val_loss": history[-1]["val_loss"], "history": history,
-        "checkpoint_steps": series, "final_dir": str(final_dir),
+        "tokens_per_second": tokens_seen / max(1e-9, wall_minutes * 60),
+        "final_train_loss": last_train_loss, "final_val_loss": history[-1]["val_loss"],
+        "history": history, "checkpoint_steps": saved_steps,
         "recipe": OmegaConf.to_container(recipe, resolve=True),
     }
     (output / "training_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    logger.info("done: %d steps, %d tokens, %.1f min", step, tokens_seen, wall_minutes)
     return stats
 
 
@@ -217,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     recipe = load_recipe(recipe_args[-1].split("=", 1)[1],
                          [a for a in argv if not a.startswith("recipe=")])
     logger.info("recipe:\n%s", OmegaConf.to_yaml(recipe))
-    stats = train(recipe)
+    train(recipe)
     if recipe.get("evaluate", True):
         from prunelab.testbed import model_card
         model_card.write_cards(Path(recipe.output_dir))
