@@ -74,10 +74,10 @@ def render_report(stats: dict, report: dict, title: str) -> str:
         "wall-clock minutes, so the step count depends on the machine; data order is fixed; "
         f"`train.minutes=null train.steps={stats['steps']}` runs a step-scheduled equivalent)",
         "",
-        "## Quality (computed by `prunelab.testbed.quality`)",
+        "## Quality (computed by `prunelab.testbed.quality` with the project's evaluators and methods)",
         "",
-        f"- test perplexity: {report['test_ppl']:.3f} ({report['test_windows']} non-overlapping "
-        f"windows of {report['window']} tokens over test documents joined by blank lines)",
+        f"- test perplexity: {report['test_ppl']:.3f} (`data=testbed` token protocol: non-overlapping "
+        f"windows of {report['window']} tokens over the test documents joined by blank lines)",
         f"- validation perplexity: {report['validation_ppl']:.3f}",
         f"- unigram perplexity of the corpus (train unigram, test tokens): "
         f"{report['unigram_ppl']:.1f}; ratio unigram/test = "
@@ -122,9 +122,8 @@ def write_cards(output_dir: Path) -> dict:
     per_step = {}
     for directory in steps:
         model, tokenizer = _load(directory)
-        windows = quality.test_windows(tokenizer)
         per_step[directory.name] = {
-            "test_ppl": quality.perplexity(model, windows),
+            "test_ppl": quality.test_perplexity(model, tokenizer),
             "tasks": quality.all_task_accuracies(model, tokenizer),
         }
         logger.info("%s: %s", directory.name, per_step[directory.name])
