@@ -100,7 +100,7 @@ def band(policy, target):
     if isinstance(policy, AlphaPruning):
         eps = policy.epsilon  # [S(1 - eps), S(1 + eps)] times a common factor 1 / mean(ratio)
         return target * (1 - eps) / (1 + eps), target * (1 + eps) / (1 - eps)
-    return target - policy.bound, target + policy.bound
+    return target - policy.band.bound, target + policy.band.bound
 
 
 @pytest.mark.parametrize("name", list(POLICIES))

@@ -94,3 +94,25 @@ def check_targets(targets: Sequence[float], target: float, weights: torch.Tensor
     if abs(mean - target) > 1e-9:
         raise AssertionError(f"{policy}: mean {mean} != target {target}")
     return [float(t) for t in targets]
+
+
+class Band:
+    """[S - bound, S + bound] with an explicit mean constraint: what PALS, gradient and random
+    allocation share. A policy computes its per-layer statistic; the band maps it to targets."""
+
+    def __init__(self, policy: str, bound: float, mean: str):
+        check_bound(bound, policy)
+        check_mean(mean, policy)
+        self.policy, self.bound, self.mean = policy, bound, mean
+
+    def validate(self, target: float) -> None:
+        check_band(target, target - self.bound, target + self.bound, self.policy)
+
+    def targets(self, values: Sequence[float], target: float, ctx: PruneContext,
+                higher_means_denser: bool = True) -> list[float]:
+        weights = mean_weights(ctx, self.mean)
+        return check_targets(centred_band(values, target, self.bound, weights, higher_means_denser),
+                             target, weights, self.policy)
+
+    def details(self) -> dict:
+        return {"bound": self.bound, "mean": self.mean}

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from prunelab.allocation.bounds import (
-    centred_band, check_band, check_bound, check_mean, check_targets, layer_params, mean_weights,
+    Band, layer_params,
 )
 from prunelab.allocation.stats_cache import cached
 
@@ -68,13 +68,9 @@ class GradientAllocation:
     name = "gradient"
 
     def __init__(self, bound: float = 0.05, mean: str = "plain"):
-        check_bound(bound, self.name)
-        check_mean(mean, self.name)
-        self.bound, self.mean = bound, mean
+        self.band = Band(self.name, bound, mean)
+        self.validate = self.band.validate
         self.details: dict = {}
-
-    def validate(self, target: float) -> None:
-        check_band(target, target - self.bound, target + self.bound, self.name)
 
     def allocate(self, target: float, ctx: PruneContext) -> list[float]:
         self.validate(target)
@@ -83,8 +79,6 @@ class GradientAllocation:
         sequences = ctx.calibration().shape[0]
         params = torch.tensor(layer_params(ctx), dtype=torch.float64)  # [L]
         gradients = (squared / (sequences * params)).sqrt().tolist()
-        weights = mean_weights(ctx, self.mean)
-        targets = check_targets(centred_band(gradients, target, self.bound, weights), target, weights,
-                                self.name)
-        self.details = {"gradients": gradients, "bound": self.bound, "mean": self.mean}
+        targets = self.band.targets(gradients, target, ctx)
+        self.details = {"gradients": gradients, **self.band.details()}
         return targets

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from prunelab.allocation.bounds import (
-    centred_band, check_band, check_bound, check_mean, check_targets, mean_weights,
+    Band,
 )
 from prunelab.allocation.stats_cache import cached, dense_role_statistics
 from prunelab.calibration.statistics import AbsHistogram, histogram_quantile
@@ -46,13 +46,9 @@ class PALS:
     def __init__(self, percentile: float = 99.0, bound: float = 0.05, mean: str = "plain"):
         if not 0.0 < percentile <= 100.0:
             raise ConfigError(f"pruning.allocation.percentile={percentile} must be in (0, 100]")
-        check_bound(bound, self.name)
-        check_mean(mean, self.name)
-        self.percentile, self.bound, self.mean = percentile, bound, mean
+        self.percentile, self.band = percentile, Band(self.name, bound, mean)
+        self.validate = self.band.validate
         self.details: dict = {}
-
-    def validate(self, target: float) -> None:
-        check_band(target, target - self.bound, target + self.bound, self.name)
 
     def histograms(self, ctx: PruneContext) -> torch.Tensor:
         """[layers, bins + 2] counts of |activation| entering each block's linears (cached)."""
@@ -66,9 +62,6 @@ class PALS:
         self.validate(target)
         counts = self.histograms(ctx)  # [L, bins + 2]
         percentiles = [histogram_quantile(c, self.percentile / 100.0, LOW, HIGH) for c in counts]
-        weights = mean_weights(ctx, self.mean)
-        targets = check_targets(centred_band(percentiles, target, self.bound, weights), target, weights,
-                                self.name)
-        self.details = {"percentiles": percentiles, "percentile": self.percentile, "bound": self.bound,
-                        "mean": self.mean}
+        targets = self.band.targets(percentiles, target, ctx)
+        self.details = {"percentiles": percentiles, "percentile": self.percentile, **self.band.details()}
         return targets

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from prunelab.allocation.bounds import (
-    centred_band, check_band, check_bound, check_mean, check_targets, mean_weights,
+    Band,
 )
 
 if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
@@ -28,21 +28,14 @@ class RandomAllocation:
     name = "random"
 
     def __init__(self, bound: float = 0.05, mean: str = "plain"):
-        check_bound(bound, self.name)
-        check_mean(mean, self.name)
-        self.bound, self.mean = bound, mean
+        self.band = Band(self.name, bound, mean)
+        self.validate = self.band.validate
         self.details: dict = {}
-
-    def validate(self, target: float) -> None:
-        check_band(target, target - self.bound, target + self.bound, self.name)
 
     def allocate(self, target: float, ctx: PruneContext) -> list[float]:
         self.validate(target)
         generator = torch.Generator().manual_seed(int(ctx.seed))
         draws = torch.rand(ctx.loaded.adapter.num_layers, generator=generator, dtype=torch.float64)  # [L]
-        weights = mean_weights(ctx, self.mean)
-        targets = check_targets(centred_band(draws.tolist(), target, self.bound, weights,
-                                             higher_means_denser=False), target, weights, self.name)
-        self.details = {"draws": draws.tolist(), "seed": int(ctx.seed), "bound": self.bound,
-                        "mean": self.mean}
+        targets = self.band.targets(draws.tolist(), target, ctx, higher_means_denser=False)
+        self.details = {"draws": draws.tolist(), "seed": int(ctx.seed), **self.band.details()}
         return targets
