@@ -19,3 +19,9 @@ class DataUnavailableError(PrunelabError):
 
 class UnsupportedModelError(PrunelabError):
     """The checkpoint's `model_type` has no adapter."""
+
+
+def check_choice(key: str, value: object, choices: tuple) -> None:
+    """A setting that must be one of a few values: a ConfigError naming the key and the options."""
+    if value not in choices:
+        raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}, not {value!r}")

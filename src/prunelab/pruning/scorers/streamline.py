@@ -13,7 +13,7 @@ Quirk: the LinearPatch / Ghosted code compute this cosine with dim=1 on [B, T, C
 from __future__ import annotations
 
 from prunelab.calibration.hidden_states import iter_hidden_states, iter_state_pairs
-from prunelab.errors import ConfigError
+from prunelab.errors import check_choice
 from prunelab.pruning.base import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
 from prunelab.scoring.layers import COSINE_DIMS, RunningMean, cosine_terms
@@ -25,8 +25,7 @@ class Streamline:
     plus_rule = False
 
     def __init__(self, cosine_dim: str = "hidden"):
-        if cosine_dim not in COSINE_DIMS:
-            raise ConfigError(f"pruning.scorer.cosine_dim must be one of {COSINE_DIMS}, not {cosine_dim!r}")
+        check_choice("pruning.scorer.cosine_dim", cosine_dim, COSINE_DIMS)
         self.cosine_dim = cosine_dim
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
