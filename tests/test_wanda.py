@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import VOCAB
+from tiny import VOCAB, assert_nm_pattern
 
 import prunelab.pruning  # noqa: F401  first: importing prunelab.allocation first hits an import cycle
 from prunelab.allocation.owl import OWL
@@ -102,9 +102,7 @@ def test_nm_pattern_holds_on_every_row_of_every_linear(tiny_model_dirs, arch, pa
     ctx = context(tiny_model_dirs[arch])
     method = Wanda(sparsity=n / m, sparsity_type=pattern)
     method.prune(ctx, method.score(ctx))
-    for name, lin in ctx.loaded.adapter.prunable_linears().items():
-        zeros = (lin.weight == 0).reshape(lin.weight.shape[0], -1, m).sum(-1)  # [out, in/m]
-        assert bool((zeros == n).all()), name
+    assert_nm_pattern(ctx.loaded.adapter, n, m)
 
 
 def test_same_seed_same_masks_and_dense_propagation_differs(tiny_model_dirs):

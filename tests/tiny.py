@@ -63,3 +63,10 @@ def make_tiny_model(arch: str, directory: Path, seed: int = 0) -> Path:
     model.save_pretrained(directory, safe_serialization=True)
     train_tokenizer(directory)
     return directory
+
+
+def assert_nm_pattern(adapter, n: int, m: int) -> None:
+    """Every row of every prunable linear has exactly n zeros in each group of m inputs."""
+    for name, lin in adapter.prunable_linears().items():
+        zeros = (lin.weight == 0).reshape(lin.weight.shape[0], -1, m).sum(-1)  # [out, in/m]
+        assert bool((zeros == n).all()), name

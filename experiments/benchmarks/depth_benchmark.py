@@ -57,7 +57,7 @@ def build(entry):
 def context(spec: ModelSpec, nsamples: int, seqlen: int):
     loaded = load_model(spec)
     samples = calibration_samples(CalibrationSpec("testbed", nsamples, seqlen), loaded.tokenizer, 0)
-    return loaded, PruneContext(loaded, 0, lambda: samples, progress=False)
+    return loaded, PruneContext(loaded, 0, lambda: samples, progress=True)
 
 
 def bench_model(label: str, spec: ModelSpec, nsamples: int, seqlen: int, scorers: list[str],
@@ -70,7 +70,7 @@ def bench_model(label: str, spec: ModelSpec, nsamples: int, seqlen: int, scorers
     # swap-KL probe: cached prefixes against one full pass per variant
     inputs = capture_layer_inputs(loaded.adapter, ctx.calibration())
     with m.stage("score", model=label, what=f"swap_probe(d={probe_distance})"):
-        result = SwapProbe(loaded.adapter, max_distance=probe_distance, progress=False).run(inputs)
+        result = SwapProbe(loaded.adapter, max_distance=probe_distance, progress=True).run(inputs)
     start = time.perf_counter()
     with torch.no_grad():
         loaded.model(input_ids=ctx.calibration(), use_cache=False)

@@ -54,7 +54,7 @@ def bench(label: str, spec: ModelSpec, method_name: str, nsamples: int, seqlen: 
     with measurements.stage("calibration_data", model=label, method=method_name):
         samples = calibration_samples(calib, loaded.tokenizer, seed=0)
     method = Wanda() if method_name == "wanda" else SparseGPT()
-    ctx = PruneContext(loaded, 0, lambda: samples, progress=False)
+    ctx = PruneContext(loaded, 0, lambda: samples, progress=True)
     with measurements.stage("score", model=label, method=method_name):
         targets = method.score(ctx)
     with measurements.stage("prune", model=label, method=method_name):
