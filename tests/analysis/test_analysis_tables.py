@@ -156,3 +156,19 @@ def test_grouping_that_mixes_protocols_says_so(tmp_path):
                  {PPL: ppl_metric(np.full(8, 2.0), seqlen=256)})
     summary = tables.build_summary(_frame(root), [PPL], group_by=["method"])
     assert re.search(r"mixes protocols \(.*seqlen (128 vs 256|256 vs 128)", summary["note"].iloc[0])
+
+
+def test_change_over_dense_is_the_mean_relative_to_the_dense_value(sweep_dir):
+    frame = _frame(sweep_dir)
+    summary = tables.build_summary(frame, [PPL])
+    dense = frame[frame["metric"] == PPL]["dense_value"].dropna().iloc[0]
+    row = summary[(summary["labels.allocation"] == "pals") & (summary["labels.sparsity"] == 0.7)]
+    row = row.iloc[0]
+    assert row["vs_dense"] == pytest.approx(row["mean"] / dense - 1)
+    assert row["vs_dense_std"] == pytest.approx(row["std"] / dense)
+    table, _ = tables.format_table(summary, vs_dense=True)
+    shown = table[(table["allocation"] == "pals") & (table["sparsity"] == "0.7")]["vs dense"].iloc[0]
+    assert shown == f"{100 * row['vs_dense']:+.1f} ± {100 * row['vs_dense_std']:.1f}%"
+    assert table[table["method"] == "dense"]["vs dense"].iloc[0] == ""
+    grid = tables.pivot(summary, "allocation", "sparsity", PPL, vs_dense=True)
+    assert grid.loc["pals", 0.7].endswith(f"({100 * row['vs_dense']:+.1f}%)")

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: signature)")
     parser.add_argument("--pivot", action="append", default=[],
                         help="ROW[,ROW...],COLUMN labels for a method x sparsity grid")
+    parser.add_argument("--vs-dense", action="store_true",
+                        help="also show each setting's change over dense in %% (tables and pivots)")
     parser.add_argument("--format", default="md,tex,csv", help="comma-separated: md,tex,csv")
     parser.add_argument("--plot-x", help="numeric label for metric plots (default: sparsity or "
                                          "layers_removed, if they vary)")
@@ -108,11 +110,13 @@ def _aggregate(args: argparse.Namespace) -> int:
     unknown = sorted(set(formats) - {"md", "tex", "csv"})
     if unknown:
         raise AnalysisError(f"unknown --format {', '.join(unknown)}; use md, tex, csv")
-    written = list(tables.write_outputs(summary, out, formats, decimals=args.decimals).values())
-    table, notes = tables.format_table(summary, args.decimals)
+    written = list(tables.write_outputs(summary, out, formats, decimals=args.decimals,
+                                        vs_dense=args.vs_dense).values())
+    table, notes = tables.format_table(summary, args.decimals, vs_dense=args.vs_dense)
     print(tables.to_markdown(table, notes))
     for spec in args.pivot:
-        written += _write_pivots(summary, metrics, spec, out, formats, args.decimals)
+        written += _write_pivots(summary, metrics, spec, out, formats, args.decimals,
+                                 args.vs_dense)
     if not args.no_plots:
         written += _write_plots(summary, loaded, metrics, args, out)
     print(f"{PROG}: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
@@ -142,13 +146,14 @@ def _load(args: argparse.Namespace) -> LoadedRecords:
 
 
 def _write_pivots(summary: pd.DataFrame, metrics: Sequence[str], spec: str, out: Path,
-                  formats: Sequence[str], decimals: int | None) -> list[Path]:
+                  formats: Sequence[str], decimals: int | None, vs_dense: bool) -> list[Path]:
     names = _split(spec)
     if len(names) < 2:
         raise AnalysisError(f"--pivot {spec!r}: give ROW[,ROW...],COLUMN")
     written = []
     for metric in metrics:
-        grid = tables.pivot(summary, names[:-1], names[-1], metric, decimals=decimals)
+        grid = tables.pivot(summary, names[:-1], names[-1], metric, decimals=decimals,
+                            vs_dense=vs_dense)
         flat = tables.pivot_for_output(grid)
         stem = f"pivot_{plots.slug(names[-1])}_{plots.slug(metric)}"
         print(f"\n{metric} ({', '.join(names[:-1])} x {names[-1]})\n")

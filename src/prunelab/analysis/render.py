@@ -30,11 +30,12 @@ def display_label_columns(summary: pd.DataFrame, always: Sequence[str] = ()) -> 
 
 
 def format_table(summary: pd.DataFrame, decimals: int | None = None,
-                 label_columns_shown: Sequence[str] | None = None
+                 label_columns_shown: Sequence[str] | None = None, vs_dense: bool = False
                  ) -> tuple[pd.DataFrame, list[str]]:
     """The human table: one row per setting (dense rows included), label columns, then per metric
-    "mean ± std (n)" and, when compared with a baseline, "Δ [95% CI]", p (t), p (W) and p (Holm,
-    t). Returns (table of strings, notes); notes explain NaN cells and refusals."""
+    "mean ± std (n)", with `vs_dense` the change over dense ("+12.3 ± 0.4%") and, when compared
+    with a baseline, "Δ [95% CI]", p (t), p (W) and p (Holm, t). Returns (table of strings,
+    notes); notes explain NaN cells and refusals."""
     shown = list(label_columns_shown or display_label_columns(summary))
     settings = summary.loc[~summary["is_dense"].astype(bool), shown + ["setting"]]
     settings = settings.drop_duplicates("setting")
@@ -53,6 +54,8 @@ def format_table(summary: pd.DataFrame, decimals: int | None = None,
             cells = rows.setdefault(row["setting"], {
                 column.removeprefix(LABEL_PREFIX): text_of(row.get(column)) for column in shown})
             cells[metric] = format_mean(row, digits)
+            if vs_dense:
+                cells[f"{head}vs dense"] = format_change(row)
             if compared:
                 cells.update(_comparison_cells(row, digits, head))
             if row.get("note"):
@@ -103,6 +106,18 @@ def format_mean(row: pd.Series, digits: int, with_n: bool = True) -> str:
     else:
         text = f"{mean:.{digits}f} ± {std:.{digits}f}"
     return f"{text} ({n})" if with_n and not row.get("is_dense") else text
+
+
+def format_change(row: pd.Series, with_std: bool = True) -> str:
+    """The relative change over dense as a percentage ("+12.3 ± 0.4%"); empty for the dense row
+    or when the model has no dense value."""
+    change = row.get("vs_dense", math.nan)
+    if row.get("is_dense") or is_missing(change) or not np.isfinite(change):
+        return ""
+    spread = row.get("vs_dense_std", math.nan)
+    if with_std and not is_missing(spread) and np.isfinite(spread):
+        return f"{100 * change:+.1f} ± {100 * spread:.1f}%"
+    return f"{100 * change:+.1f}%"
 
 
 def _comparison_cells(row: pd.Series, digits: int, head: str) -> dict[str, str]:

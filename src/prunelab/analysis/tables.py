@@ -24,7 +24,7 @@ from prunelab.analysis.records import (LABEL_PREFIX, AnalysisError, RunRecord, l
                                        label_order, select_label_columns)
 # format_table, to_markdown, to_latex and display_label_columns are re-exported for callers.
 from prunelab.analysis.render import (choose_decimals, display_label_columns,  # noqa: F401
-                                      format_mean, format_table, is_missing, text_of, to_latex,
+                                      format_change, format_mean, format_table, is_missing, text_of, to_latex,
                                       to_markdown)
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def build_summary(frame: pd.DataFrame, metrics: Sequence[str] | None = None,
                                            n_resamples, seed)
     dense = dense_reference(data, metrics)
     if not dense.empty:
-        summary = pd.concat([dense, summary], ignore_index=True)
+        summary = add_change_over_dense(pd.concat([dense, summary], ignore_index=True))
     if "is_baseline" in summary:
         summary["is_baseline"] = summary["is_baseline"].fillna(False).astype(bool)
     return order_rows(summary, metrics)
@@ -166,6 +166,22 @@ def dense_reference(frame: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame
             row[model_column] = key[0]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def add_change_over_dense(summary: pd.DataFrame) -> pd.DataFrame:
+    """Columns dense_mean, vs_dense = mean / dense - 1 and vs_dense_std = std / dense: the relative
+    change over the same model's dense value, as depth-pruning papers report perplexity ("+12%").
+    The dense value is one number per model, so the seeds' spread scales by it alone."""
+    model = LABEL_PREFIX + "model"
+    dense = summary[summary["is_dense"]]
+    keys = [model, "metric"] if model in summary else ["metric"]
+    reference = dense.set_index(keys)["mean"]
+    lookup = summary.set_index(keys).index
+    summary = summary.copy()
+    summary["dense_mean"] = [reference.get(key, math.nan) for key in lookup]
+    summary["vs_dense"] = summary["mean"] / summary["dense_mean"] - 1.0
+    summary["vs_dense_std"] = summary["std"] / summary["dense_mean"]
+    return summary
 
 
 # --------------------------------------------------------------------------- baseline
@@ -338,11 +354,13 @@ def _column_order(summary: pd.DataFrame) -> list[str]:
 
 
 def pivot(summary: pd.DataFrame, index: Sequence[str] | str, columns: str, metric: str,
-          values: str = "cell", decimals: int | None = None) -> pd.DataFrame:
+          values: str = "cell", decimals: int | None = None, vs_dense: bool = False
+          ) -> pd.DataFrame:
     """Paper-style grid for one metric, e.g. index=labels.method, columns=labels.sparsity.
 
-    values="cell" gives "mean ± std" strings, any summary column (mean, diff_mean, p_t_holm...)
-    gives numbers. The dense reference becomes a row repeated under every column. The model is
+    values="cell" gives "mean ± std" strings (with `vs_dense`, followed by the change over dense,
+    "2.45 ± 0.01 (+11.2%)"), any summary column (mean, vs_dense, diff_mean, p_t_holm...) gives
+    numbers. The dense reference becomes a row repeated under every column. The model is
     added to the index when the summary holds several.
     """
     index = [index] if isinstance(index, str) else list(index)
@@ -356,6 +374,9 @@ def pivot(summary: pd.DataFrame, index: Sequence[str] | str, columns: str, metri
         raise AnalysisError(f"unknown metric {metric!r} for pivot")
     digits = decimals if decimals is not None else choose_decimals(part["mean"])
     part["cell"] = [format_mean(row, digits, with_n=False) for _, row in part.iterrows()]
+    if vs_dense:
+        part["cell"] = [cell + (f" ({change})" if (change := format_change(row, with_std=False))
+                                else "") for cell, (_, row) in zip(part["cell"], part.iterrows())]
     settings, dense = part[~part["is_dense"]], part[part["is_dense"]]
     duplicated = settings.duplicated(index + [columns], keep=False)
     if duplicated.any():
@@ -391,11 +412,11 @@ def pivot_for_output(grid: pd.DataFrame) -> pd.DataFrame:
 
 def write_outputs(summary: pd.DataFrame, out_dir: str | Path,
                   formats: Iterable[str] = ("md", "tex", "csv"), name: str = "table",
-                  decimals: int | None = None) -> dict[str, Path]:
+                  decimals: int | None = None, vs_dense: bool = False) -> dict[str, Path]:
     """Write `<name>.md` / `.tex` (formatted) and `.csv` (the tidy numeric summary)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    table, notes = format_table(summary, decimals)
+    table, notes = format_table(summary, decimals, vs_dense=vs_dense)
     written = {}
     for fmt in formats:
         path = out_dir / f"{name}.{fmt}"
