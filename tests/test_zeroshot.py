@@ -25,10 +25,13 @@ def direct_choice(model, tokenizer, context: str, choices: list[str]) -> tuple[i
     return max(range(len(scores)), key=scores.__getitem__), scores
 
 
-def test_lm_eval_items_match_direct_scoring(tiny_model_dirs, tmp_path):
+def test_lm_eval_items_match_direct_scoring(tiny_model_dirs, tmp_path, capfd):
     loaded = load_model(ModelSpec(name_or_path=str(tiny_model_dirs["llama"]), device="cpu"))
     spec = ZeroShotSpec(tasks=("tb_agreement", "tb_city"), items=40, batch_size=8, cache_dir=str(tmp_path))
+    capfd.readouterr()
     metrics = spec.build(progress=False).evaluate(loaded.model, loaded.tokenizer)
+    bars = capfd.readouterr().err
+    assert "it/s]" not in bars and "examples/s]" not in bars  # runtime.progress=false silences them
     for task in spec.tasks:
         metric = metrics[f"zeroshot/{task}/acc"]
         items = task_items(task, 40)

@@ -11,6 +11,7 @@ best wrong one, for paired statistics (McNemar).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -102,6 +103,41 @@ def _margin(sample: dict[str, Any]) -> float:
     return scores[gold] - max(s for i, s in enumerate(scores) if i != gold)
 
 
+@contextlib.contextmanager
+def _lm_eval_progress(enabled: bool):
+    """Silence lm-eval's (and its datasets') progress bars when `runtime.progress` is off.
+
+    lm-eval offers no switch for the bars it draws while building requests and scoring them, so
+    the `tqdm` its task and model modules imported is swapped for a disabled one, then restored.
+    """
+    if enabled:
+        yield
+        return
+    import datasets
+    import lm_eval.api.model
+    import lm_eval.api.task
+    import lm_eval.models.huggingface
+
+    modules = (lm_eval.api.task, lm_eval.api.model, lm_eval.models.huggingface)
+    originals = [module.tqdm for module in modules]
+
+    def quiet(*args, **kwargs):
+        kwargs["disable"] = True
+        return originals[0](*args, **kwargs)
+
+    datasets_bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    for module in modules:
+        module.tqdm = quiet
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, originals):
+            module.tqdm = original
+        if datasets_bars:
+            datasets.enable_progress_bars()
+
+
 class ZeroShotEvaluator:
     name = "zeroshot"
 
@@ -135,9 +171,10 @@ class ZeroShotEvaluator:
                             else t for t in self.spec.tasks]
         only_local = all(t.startswith("tb_") for t in self.spec.tasks)
         manager = TaskManager(include_defaults=not only_local) if only_local else TaskManager()
-        out = simple_evaluate(model=lm, tasks=tasks, num_fewshot=self.spec.num_fewshot,
-                              limit=self.spec.limit, task_manager=manager, log_samples=True,
-                              verbosity="WARNING")
+        with _lm_eval_progress(self.progress):
+            out = simple_evaluate(model=lm, tasks=tasks, num_fewshot=self.spec.num_fewshot,
+                                  limit=self.spec.limit, task_manager=manager, log_samples=True,
+                                  verbosity="WARNING")
         metrics: dict[str, Metric] = {}
         for task in self.spec.tasks:
             metric = self.spec.metric_for(task)
