@@ -8,7 +8,6 @@ from scipy import stats as scipy_stats
 
 from prunelab.analysis import stats
 
-
 # --------------------------------------------------------------------------- Holm
 
 

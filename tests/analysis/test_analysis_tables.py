@@ -9,7 +9,7 @@ import pytest
 from conftest import ACC, PPL, SEEDS, labels_for, ppl_metric, signature_for, write_record
 from scipy import stats as scipy_stats
 
-from prunelab.analysis import records, stats, tables
+from prunelab.analysis import compare, records, stats, tables
 
 
 def _frame(root):
@@ -116,11 +116,11 @@ def test_markdown_latex_and_csv_round_trip(study_dir, tmp_path):
 def test_compare_runs_per_item(study_dir):
     loaded = records.load_records([study_dir])
     by_allocation = {r.labels["allocation"]: r for r in loaded.completed if r.seed == 0}
-    result = tables.compare_runs(by_allocation["pals"], by_allocation["uniform"],
+    result = compare.compare_runs(by_allocation["pals"], by_allocation["uniform"],
                                  n_resamples=999).set_index("metric")
     assert result.loc[PPL, "difference"] < 0 and result.loc[PPL, "ci_high"] < 0
     assert result.loc[ACC, "test"].startswith("McNemar")
-    same = tables.compare_runs(by_allocation["pals"], by_allocation["pals"], n_resamples=99)
+    same = compare.compare_runs(by_allocation["pals"], by_allocation["pals"], n_resamples=99)
     assert (same["p"] == 1.0).all() and (same["difference"] == 0).all()
 
 

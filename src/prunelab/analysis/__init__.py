@@ -6,11 +6,19 @@ functions on numbers), `tables` (summary, baseline comparisons, md/tex/csv, pivo
 comparisons), `plots` (matplotlib figures), `cli` (the command line).
 """
 
-from prunelab.analysis.records import (AnalysisError, LoadedRecords, RunRecord, load_records,
-                                       load_wandb_runs, log_table_to_wandb, read_record,
-                                       records_to_frame)
+from prunelab.analysis.compare import compare_runs
+from prunelab.analysis.records import (
+                                       AnalysisError,
+                                       LoadedRecords,
+                                       RunRecord,
+                                       load_records,
+                                       load_wandb_runs,
+                                       log_table_to_wandb,
+                                       read_record,
+                                       records_to_frame,
+)
 from prunelab.analysis.stats import PairingError
-from prunelab.analysis.tables import build_summary, compare_runs, format_table, pivot
+from prunelab.analysis.tables import build_summary, format_table, pivot
 
 __all__ = [
     "AnalysisError", "LoadedRecords", "PairingError", "RunRecord", "build_summary",

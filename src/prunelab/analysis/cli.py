@@ -18,10 +18,16 @@ from typing import Sequence
 
 import pandas as pd
 
-from prunelab.analysis import plots, tables
+from prunelab.analysis import compare, plots, tables
 from prunelab.analysis.records import (
-    AnalysisError, LoadedRecords, find_record_files, load_records, load_wandb_runs,
-    log_table_to_wandb, read_record, records_to_frame,
+    AnalysisError,
+    LoadedRecords,
+    find_record_files,
+    load_records,
+    load_wandb_runs,
+    log_table_to_wandb,
+    read_record,
+    records_to_frame,
 )
 from prunelab.analysis.stats import DEFAULT_N_RESAMPLES, DEFAULT_SEED
 
@@ -220,7 +226,7 @@ def _compare(args: argparse.Namespace) -> int:
     for run, record in zip(args.compare, (record_a, record_b)):
         if record.status != "completed":
             raise AnalysisError(f"{run} is a {record.status} run; nothing to compare")
-    result = tables.compare_runs(record_a, record_b, _split_all(args.metric) or None,
+    result = compare.compare_runs(record_a, record_b, _split_all(args.metric) or None,
                                  n_resamples=args.n_resamples, seed=args.seed)
     if result.empty:
         raise AnalysisError("the two runs share no metric")

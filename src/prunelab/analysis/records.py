@@ -281,9 +281,10 @@ def _wandb_has_credentials() -> bool:
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
     try:
-        from wandb import env
         from wandb.sdk import wandb_setup
         from wandb.sdk.lib import wbauth
+
+        from wandb import env
     except ImportError:  # another wandb layout: let wandb.Api() decide
         return True
     host = env.get_base_url(wandb_setup.singleton().settings.base_url)

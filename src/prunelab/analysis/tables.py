@@ -4,7 +4,8 @@ Why this shape: a paper claim is a comparison across seeds against a named basel
 model and sparsity, with the dense model as reference. `build_summary` computes that as a tidy
 frame (one row per setting and metric, all numbers kept, written as table.csv);
 `render.format_table` turns it into the human table (table.md / table.tex); `pivot` gives the
-paper-style "method x sparsity" grid; `compare_runs` tests two single runs item by item.
+paper-style "method x sparsity" grid. The tests against a baseline live in `baseline`, the
+item-level test of two single runs in `compare`.
 """
 
 from __future__ import annotations
@@ -12,31 +13,40 @@ from __future__ import annotations
 import fnmatch
 import logging
 import math
-import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from prunelab.analysis import stats
-from prunelab.analysis.records import (LABEL_PREFIX, AnalysisError, RunRecord, label_columns,
-                                       label_order, select_label_columns)
+from prunelab.analysis.baseline import COMPARISON_COLUMNS, add_baseline_comparisons
+from prunelab.analysis.records import (
+    LABEL_PREFIX,
+    AnalysisError,
+    label_columns,
+    label_order,
+    select_label_columns,
+)
+
 # format_table, to_markdown, to_latex and display_label_columns are re-exported for callers.
-from prunelab.analysis.render import (choose_decimals, display_label_columns,  # noqa: F401
-                                      format_change, format_mean, format_table, is_missing, text_of, to_latex,
-                                      to_markdown)
+from prunelab.analysis.render import (  # noqa: F401
+    choose_decimals,
+    display_label_columns,
+    format_change,
+    format_mean,
+    format_table,
+    is_missing,
+    text_of,
+    to_latex,
+    to_markdown,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GROUP_BY = ("signature",)
-#: Label keys a setting must share with its baseline (those present in the data are used).
-DEFAULT_MATCH_ON = ("model", "sparsity", "sparsity_type", "layers_removed")
 DENSE_METHOD = "dense"
-SIGNATURE_PATTERN = re.compile(r"^[0-9a-f]{16}$")
-SUMMARY_NUMBER_COLUMNS = ("n", "mean", "std", "ci_low", "ci_high", "n_pairs", "baseline_mean",
-                          "diff_mean", "diff_ci_low", "diff_ci_high", "t_statistic", "p_t",
-                          "w_statistic", "p_wilcoxon", "p_t_holm", "p_wilcoxon_holm")
+SUMMARY_NUMBER_COLUMNS = ("n", "mean", "std", "ci_low", "ci_high", *COMPARISON_COLUMNS)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -184,145 +194,6 @@ def add_change_over_dense(summary: pd.DataFrame) -> pd.DataFrame:
     return summary
 
 
-# --------------------------------------------------------------------------- baseline
-
-
-def parse_baseline(selector: str) -> dict[str, str] | str:
-    """A baseline selector: a 16-hex signature (returned as str) or `key=value[,key=value]` label
-    filters (returned as a dict)."""
-    selector = selector.strip()
-    if SIGNATURE_PATTERN.match(selector):
-        return selector
-    filters = {}
-    for part in filter(None, (p.strip() for p in selector.split(","))):
-        if "=" not in part:
-            raise AnalysisError(
-                f"bad baseline {selector!r}: use a signature or label filters like "
-                "allocation=uniform,method=wanda")
-        key, value = (s.strip() for s in part.split("=", 1))
-        filters[key] = value
-    if not filters:
-        raise AnalysisError("empty baseline selector")
-    return filters
-
-
-def resolve_baseline(summary: pd.DataFrame, selector: str) -> tuple[pd.Series, list[str]]:
-    """Which non-dense summary rows are baseline rows, and the label columns the selector fixes.
-
-    Raises AnalysisError for an unknown label or a selector that matches nothing.
-    """
-    parsed = parse_baseline(selector)
-    if isinstance(parsed, str):
-        mask = summary["signatures"].str.split(",").apply(lambda sigs: parsed in sigs)
-        if not mask.any():
-            raise AnalysisError(f"unknown baseline {selector!r}: no setting has that signature")
-        return mask, []
-    try:
-        columns = select_label_columns(list(parsed), summary)
-    except AnalysisError as error:
-        raise AnalysisError(f"unknown baseline {selector!r}: {error}") from None
-    mask = pd.Series(True, index=summary.index)
-    for column, wanted in zip(columns, parsed.values()):
-        mask &= summary[column].apply(lambda value, wanted=wanted: _label_equals(value, wanted))
-    mask &= ~summary["is_dense"]
-    if not mask.any():
-        seen = {column: sorted(map(str, summary[column].dropna().unique())) for column in columns}
-        raise AnalysisError(
-            f"unknown baseline {selector!r}: no setting matches (values seen: "
-            + "; ".join(f"{c.removeprefix(LABEL_PREFIX)}: {', '.join(v)}" for c, v in seen.items())
-            + ")")
-    return mask, columns
-
-
-def add_baseline_comparisons(summary: pd.DataFrame, frame: pd.DataFrame, selector: str,
-                             match_on: Sequence[str] | None = None,
-                             confidence_level: float = 0.95,
-                             n_resamples: int = stats.DEFAULT_N_RESAMPLES,
-                             seed: int = stats.DEFAULT_SEED) -> pd.DataFrame:
-    """Compare every setting with its baseline, paired by seed, and Holm-adjust the p-values.
-
-    A setting's baseline is the baseline row of the same metric that agrees with it on the
-    `match_on` labels (default: model, sparsity, sparsity_type, layers_removed, where present;
-    labels the selector fixes are not matched; for a signature selector, only the model).
-    Refusals (different protocol, no shared seed, missing or ambiguous baseline) leave NaN
-    numbers and say why in `note`. The Holm family is every comparison in the table (all
-    settings and metrics), separately for the t-test and the Wilcoxon p-values.
-    """
-    summary = summary.copy()
-    is_baseline, fixed = resolve_baseline(summary, selector)
-    if match_on is None:
-        # One named run-setting is the baseline for every setting of its model.
-        by_signature = isinstance(parse_baseline(selector), str)
-        match_on = ("model",) if by_signature else DEFAULT_MATCH_ON
-    match_columns = [LABEL_PREFIX + key if not key.startswith(LABEL_PREFIX) else key
-                     for key in match_on]
-    match_columns = [c for c in match_columns if c in summary.columns and c not in fixed]
-    summary["is_baseline"] = is_baseline
-    for column in SUMMARY_NUMBER_COLUMNS[5:]:
-        summary[column] = math.nan
-    summary["baseline"] = ""
-    per_seed = _values_by_setting_and_metric(summary, frame)
-    for index, row in summary.iterrows():
-        if row["is_baseline"]:
-            continue
-        candidates = summary[is_baseline & (summary["metric"] == row["metric"])]
-        for column in match_columns:
-            candidates = candidates[candidates[column].apply(
-                lambda value, wanted=row[column]: _same_label(value, wanted))]
-        if len(candidates) != 1:
-            what = "no" if candidates.empty else f"{len(candidates)} matching (ambiguous)"
-            keys = ", ".join(c.removeprefix(LABEL_PREFIX) for c in match_columns) or "any label"
-            _add_note(summary, index, f"{what} baseline with the same {keys}")
-            continue
-        base = candidates.iloc[0]
-        summary.at[index, "baseline"] = base["setting"]
-        if row["note"] or base["note"]:
-            _add_note(summary, index, "not compared (see setting notes)")
-            continue
-        try:
-            comparison = stats.compare_across_seeds(
-                per_seed[(row["setting"], row["metric"])],
-                per_seed[(base["setting"], base["metric"])],
-                _protocol(frame, row), _protocol(frame, base), what=row["metric"],
-                confidence_level=confidence_level, n_resamples=n_resamples, seed=seed)
-        except stats.PairingError as error:
-            _add_note(summary, index, str(error))
-            continue
-        summary.loc[index, ["n_pairs", "baseline_mean", "diff_mean", "diff_ci_low", "diff_ci_high",
-                            "t_statistic", "p_t", "w_statistic", "p_wilcoxon"]] = [
-            comparison.n, comparison.mean_baseline, comparison.mean_difference,
-            comparison.ci_low, comparison.ci_high, comparison.t_statistic, comparison.p_t,
-            comparison.w_statistic, comparison.p_wilcoxon]
-        if comparison.n < max(row["n"], base["n"]):
-            _add_note(summary, index, f"paired on the {comparison.n} shared seeds "
-                                      f"({row['n']} vs {base['n']} runs)")
-        for note in comparison.notes:
-            _add_note(summary, index, note)
-    summary["p_t_holm"] = stats.holm(summary["p_t"].to_numpy(dtype=float))
-    summary["p_wilcoxon_holm"] = stats.holm(summary["p_wilcoxon"].to_numpy(dtype=float))
-    return summary
-
-
-def _values_by_setting_and_metric(summary: pd.DataFrame,
-                                  frame: pd.DataFrame) -> dict[tuple[str, str], dict[int, float]]:
-    names = {signatures: name for name, signatures in
-             summary[["setting", "signatures"]].drop_duplicates().itertuples(index=False)}
-    by_signature = {signature: name for signatures, name in names.items()
-                    for signature in signatures.split(",")}
-    values: dict[tuple[str, str], dict[int, float]] = {}
-    for row in frame[["signature", "metric", "seed", "value"]].itertuples(index=False):
-        setting = by_signature.get(row.signature)
-        if setting is not None:
-            values.setdefault((setting, row.metric), {})[int(row.seed)] = float(row.value)
-    return values
-
-
-def _protocol(frame: pd.DataFrame, row: pd.Series) -> Mapping[str, Any] | None:
-    signatures = row["signatures"].split(",")
-    match = frame[frame["signature"].isin(signatures) & (frame["metric"] == row["metric"])]
-    return match["protocol"].iloc[0] if len(match) else None
-
-
 # --------------------------------------------------------------------------- ordering / display
 
 
@@ -445,69 +316,6 @@ def read_summary_csv(path: str | Path) -> pd.DataFrame:
     return summary
 
 
-# --------------------------------------------------------------------------- two single runs
-
-
-def compare_runs(record_a: RunRecord, record_b: RunRecord, metrics: Sequence[str] | None = None,
-                 confidence_level: float = 0.95,
-                 n_resamples: int = stats.DEFAULT_N_RESAMPLES,
-                 seed: int = stats.DEFAULT_SEED) -> pd.DataFrame:
-    """Item-level tests between two runs, one row per shared metric (difference = a - b).
-
-    Perplexity metrics: paired bootstrap over windows/documents. Per-item 0/1 metrics
-    (zero-shot accuracy): McNemar, exact binomial p (`p`) and continuity-corrected chi-square
-    (`p_chi2`). Metrics with different protocol stamps or no samples get a note instead.
-    """
-    metrics_a, metrics_b = record_a.metrics(), record_b.metrics()
-    shared = [key for key in metrics_a if key in metrics_b]
-    if metrics:
-        frame = pd.DataFrame({"metric": shared})
-        shared = select_metrics(frame, metrics)
-    rows = []
-    for key in shared:
-        a, b = metrics_a[key], metrics_b[key]
-        row: dict[str, Any] = {"metric": key, "value_a": a.get("value"), "value_b": b.get("value")}
-        try:
-            stats.check_same_protocol(a.get("protocol"), b.get("protocol"), key)
-            row.update(_item_test(key, a, b, confidence_level, n_resamples, seed))
-        except AnalysisError as error:
-            row["note"] = str(error)
-        rows.append(row)
-    columns = ["metric", "test", "value_a", "value_b", "difference", "ci_low", "ci_high", "p",
-               "p_chi2", "n_units", "a_only", "b_only", "note"]
-    return pd.DataFrame(rows).reindex(columns=columns)
-
-
-def _item_test(key: str, a: Mapping[str, Any], b: Mapping[str, Any], confidence_level: float,
-               n_resamples: int, seed: int) -> dict[str, Any]:
-    samples_a, samples_b = a.get("samples") or {}, b.get("samples") or {}
-    evaluator = (a.get("protocol") or {}).get("evaluator", "")
-    if evaluator == "perplexity" or key.startswith("ppl/"):
-        result = stats.paired_bootstrap_perplexity(samples_a, samples_b, confidence_level,
-                                                   n_resamples, seed)
-        note = (_consistency_note(a, result.perplexity_a)
-                or _consistency_note(b, result.perplexity_b))
-        return {"test": f"paired bootstrap over {samples_a.get('unit', 'window')}s",
-                "value_a": result.perplexity_a, "value_b": result.perplexity_b,
-                "difference": result.difference, "ci_low": result.ci_low,
-                "ci_high": result.ci_high, "p": result.pvalue, "n_units": result.n_units,
-                "note": note}
-    if "values" not in samples_a or "values" not in samples_b:
-        raise AnalysisError("no per-item samples for this metric")
-    result = stats.mcnemar(samples_a["values"], samples_b["values"])
-    return {"test": "McNemar (exact binomial)", "value_a": result.accuracy_a,
-            "value_b": result.accuracy_b, "difference": result.difference, "p": result.p_exact,
-            "p_chi2": result.p_chi2, "n_units": result.n_items, "a_only": result.a_only,
-            "b_only": result.b_only, "note": ""}
-
-
-def _consistency_note(metric: Mapping[str, Any], recomputed: float) -> str:
-    value = metric.get("value")
-    if value is None or math.isclose(float(value), recomputed, rel_tol=1e-4):
-        return ""
-    return f"recorded value {value} differs from samples' perplexity {recomputed:.6g}"
-
-
 # --------------------------------------------------------------------------- helpers
 
 
@@ -523,28 +331,6 @@ def _common_value(series: pd.Series) -> Any:
     if len(unique) == 1:
         return unique[0]
     return "|".join(sorted(map(str, unique))) if len(unique) else None
-
-
-def _label_equals(value: Any, wanted: str) -> bool:
-    if is_missing(value):
-        return False
-    if str(value) == wanted:
-        return True
-    try:
-        return math.isclose(float(value), float(wanted))
-    except (TypeError, ValueError):
-        return False
-
-
-def _same_label(a: Any, b: Any) -> bool:
-    if is_missing(a) or is_missing(b):
-        return is_missing(a) and is_missing(b)
-    return a == b or str(a) == str(b)
-
-
-def _add_note(summary: pd.DataFrame, index: Any, note: str) -> None:
-    current = summary.at[index, "note"]
-    summary.at[index, "note"] = f"{current}; {note}" if current else note
 
 
 def _sort_key(series: pd.Series) -> pd.Series:
