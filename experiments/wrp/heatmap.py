@@ -30,7 +30,8 @@ def main() -> int:
             figure = plot_matrix(scores.pairwise, f"WRP {form} similarity, {name}")
             save_figure(figure, args.out / f"wrp_similarity_{name}_{form}.png")
             (args.out / f"wrp_similarity_{name}_{form}.json").write_text(json.dumps(scores.pairwise))
-            print(f"{name} {form}: per-layer redundancy {[round(v, 3) for v in scores.per_layer]}")
+            rounded = [round(v, 3) for v in scores.per_layer]
+            print(f"{name} {form}: per-layer score (1 - max similarity to another layer) {rounded}")
     return 0
 
 
