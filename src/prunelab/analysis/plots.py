@@ -120,6 +120,8 @@ def plot_matrix(matrix: Sequence[Sequence[float | None]], title: str, label: str
     figure = _figure(1)
     ax = figure.add_subplot()
     image = ax.imshow(values, cmap="viridis", origin="upper")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layer indices, not 2.5
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer j")
     ax.set_ylabel("layer i")
     ax.set_title(title)
