@@ -68,7 +68,7 @@ def bench_model(label: str, spec: ModelSpec, nsamples: int, seqlen: int, scorers
         with m.stage("score", model=label, what=name):
             method.score(ctx)
     # swap-KL probe: cached prefixes against one full pass per variant
-    inputs = capture_layer_inputs(loaded.adapter, ctx.calibration())
+    inputs = capture_layer_inputs(loaded.adapter, ctx.calibration(), batch_size=8)  # the scorer's default
     with m.stage("score", model=label, what=f"swap_probe(d={probe_distance})"):
         result = SwapProbe(loaded.adapter, max_distance=probe_distance, progress=True).run(inputs)
     start = time.perf_counter()

@@ -11,7 +11,8 @@ for all pairs with 0 < j - i <= max_distance.
 Efficiency: every probed sequence agrees with the dense model before its first changed slot, so
 the dense hidden state entering that slot is computed once per batch and reused by every variant
 that starts there; only the suffix is run. `ProbeCost` counts layer calls against the naive cost
-(one full forward pass per variant).
+(one full forward pass per variant): about 0.55 for 16 layers and distance 3, since a variant
+still runs every layer after its first changed slot. Memory: the L + 1 dense states of one batch.
 """
 
 from __future__ import annotations
@@ -33,15 +34,18 @@ REDUCTIONS = ("max", "mean", "forward")
 POSITIONS = ("all", "last")
 
 
-def token_kl(ref_logprobs: torch.Tensor, logprobs: torch.Tensor, positions: str = "all") -> torch.Tensor:
+def token_kl(ref_logprobs: torch.Tensor, logprobs: torch.Tensor, positions: str = "all",
+             ref_probs: torch.Tensor | None = None) -> torch.Tensor:
     """KL(p_ref || p) per sequence: mean over tokens or at the last position.
 
     Args:
         ref_logprobs, logprobs: [B, T, V] log-probabilities.
+        ref_probs: ref_logprobs.exp(), when the caller reuses it over many variants.
     Returns:
         [B] KL divergences.
     """
-    kl = (ref_logprobs.exp() * (ref_logprobs - logprobs)).sum(-1)  # [B, T]
+    ref_probs = ref_logprobs.exp() if ref_probs is None else ref_probs
+    kl = (ref_probs * (ref_logprobs - logprobs)).sum(-1)  # [B, T]
     return kl[:, -1] if positions == "last" else kl.mean(dim=1)
 
 
@@ -141,11 +145,13 @@ class SwapProbe:
                 states.append(self.adapter.call_layer(layer, states[-1], kwargs))
             cost.layer_calls += n
             dense = F.log_softmax(self.adapter.logits_from_hidden(states[-1]).float(), dim=-1)
+            dense_probs = dense.exp()  # [B, T, V], shared by every variant
             for kind, a, b in variants:
                 order = interchange_order(n, a, b) if kind == "int" else replacement_order(n, a, b)
                 first = min(a, b) if kind == "int" else a
                 logprobs = self._suffix_logprobs(order, first, states[first], kwargs, cost)
-                totals[(kind, a, b)] += float(token_kl(dense, logprobs, self.positions).sum())
+                kl = token_kl(dense, logprobs, self.positions, ref_probs=dense_probs)  # [B]
+                totals[(kind, a, b)] += float(kl.sum())
             count += hidden0.shape[0]
             cost.naive_layer_calls += n * (1 + len(variants))
         return self._assemble(n, pairs, {k: v / count for k, v in totals.items()}, cost)

@@ -26,22 +26,24 @@ class SwapKL:
     plus_rule = False
 
     def __init__(self, protocol: str = "interchange", max_distance: int = 3, reduce: str = "max",
-                 positions: str = "all", nsamples: int | None = None):
+                 positions: str = "all", nsamples: int | None = None, batch_size: int | None = 8):
         if protocol not in PROTOCOLS:
             raise ConfigError(f"pruning.scorer.protocol must be one of {PROTOCOLS}, not {protocol!r}")
         if reduce not in REDUCTIONS or positions not in POSITIONS:
             raise ConfigError(f"pruning.scorer: reduce in {REDUCTIONS}, positions in {POSITIONS}")
         if max_distance < 1:
             raise ConfigError("pruning.scorer.max_distance must be >= 1")
+        if batch_size is not None and batch_size < 1:
+            raise ConfigError("pruning.scorer.batch_size must be >= 1 (or null)")
         self.protocol, self.max_distance, self.reduce = protocol, max_distance, reduce
-        self.positions, self.nsamples = positions, nsamples
+        self.positions, self.nsamples, self.batch_size = positions, nsamples, batch_size
         self.name = f"swap_{protocol}"
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
         adapter = ctx.loaded.adapter
         samples = ctx.calibration()
         samples = samples[: self.nsamples] if self.nsamples else samples
-        inputs = capture_layer_inputs(adapter, samples, ctx.batch_size)
+        inputs = capture_layer_inputs(adapter, samples, self.batch_size or ctx.batch_size)
         result = SwapProbe(adapter, self.max_distance, self.reduce, self.positions,
                            progress=ctx.progress).run(inputs)
         distance = result.interchange if self.protocol == "interchange" else result.replacement
