@@ -139,6 +139,19 @@ def test_wandb_without_credentials_logs_offline_and_keeps_the_record(tiny_model_
     assert setup.tracker.run is None  # finished
 
 
+def test_a_failed_run_does_not_stop_the_sweep(tiny_model_dirs, text_file, tmp_path):
+    """The tiny model has 4 layers: removing 9 fails at run time; removing 1 still runs and the
+    command exits 1 naming the failed job."""
+    args = ["-m", *tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path),
+            "pruning=depth", "pruning.num_layers=9,1", "evaluation=ppl"]
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "1 run(s) of the sweep failed" in result.stderr and "pruning.num_layers=9" in result.stderr
+    statuses = sorted(json.loads(p.read_text())["status"]
+                      for p in (tmp_path / "records").glob("*/seed0/result.json"))
+    assert statuses == ["completed", "failed"]
+
+
 def test_signature_ignores_seed_and_paths_but_not_settings(tmp_path):
     base = build_setup(compose_config(["model=llama2_7b", "seed=0"]))
     other_seed = build_setup(compose_config(["model=llama2_7b", "seed=5", f"paths.records_dir={tmp_path}"]))

@@ -15,8 +15,9 @@ from prunelab.models import ModelSpec, load_model
 from prunelab.pruning.base import PruneContext, PruneReport
 from prunelab.pruning.report import parameter_counts
 from prunelab.recovery.base import RecoveryContext
-from prunelab.recovery.boundary import apply_saved_boundary_operators, contiguous_blocks, save_recovered
-from prunelab.recovery.ghosted import Ghosted
+from prunelab.recovery.boundary import (apply_saved_boundary_operators, contiguous_blocks, save_recovered,
+                                       site_of)
+from prunelab.recovery.ghosted import Ghosted, operator_boundaries
 from prunelab.recovery.hadamard import dct_basis, hadamard_matrix, rotation
 from prunelab.recovery.linear_patch import AbsMeans, LinearPatch, linear_patch_matrix, linear_patch_scale
 from prunelab.recovery.replaceme import ReplaceMe, ReplaceMeCosine, fit_cosine_transform
@@ -72,6 +73,12 @@ def test_sizes_without_a_hadamard_fall_back_to_an_orthonormal_dct():
 
 
 # --- Ghosted ---------------------------------------------------------------------------------------
+def test_boundary_sites_skip_removed_layers():
+    assert site_of(2, [1], 4) == 1  # surviving layer 2 is layer 1 of the pruned model
+    assert site_of(1, [0, 1, 3], 4) == site_of(2, [0, 1, 3], 4) == 0  # chained at layer 2's input
+    assert site_of(4, [3], 4) == site_of(3, [2, 3], 4) == "final_norm"
+
+
 def test_ghosted_operator_is_the_least_squares_map(tiny_model_dirs):
     loaded = load(tiny_model_dirs)
     with torch.no_grad():
@@ -83,9 +90,10 @@ def test_ghosted_operator_is_the_least_squares_map(tiny_model_dirs):
     torch.testing.assert_close(w, expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("removed", [[1, 2], [0], [3], [1, 3]])
+@pytest.mark.parametrize("removed", [[1, 2], [0], [3], [1, 3], [0, 1, 3]])
 def test_an_exactly_linear_block_is_recovered_by_ghosted_and_not_by_linear_patch(tiny_model_dirs, removed):
-    """[0]: operator on the embeddings' output; [3]: before the final norm; [1, 3]: one per layer."""
+    """[0]: operator on the embeddings' output; [3]: before the final norm; [1, 3]: one per layer;
+    [0, 1, 3]: adjacent layers inside a non-contiguous removal, two operators chained at one site."""
     results = {}
     for recovery in (Ghosted(), LinearPatch(rotate=False), LinearPatch(rotate=True)):
         loaded = load(tiny_model_dirs)
@@ -96,7 +104,9 @@ def test_an_exactly_linear_block_is_recovered_by_ghosted_and_not_by_linear_patch
         dense = logits(loaded.model)
         ctx = pruned_context(loaded, removed)
         details = recovery.recover(ctx)
-        assert len(details["operators"]) == len(contiguous_blocks(removed))
+        expected_operators = (operator_boundaries(removed, "auto") if recovery.name == "ghosted"
+                              else contiguous_blocks(removed))
+        assert len(details["operators"]) == len(expected_operators)
         results[recovery.name] = (logits(loaded.model) - dense).abs().max().item()
     assert results["ghosted"] < 1e-3
     assert results["linear_patch_d"] > 20 * results["ghosted"] + 1e-2

@@ -22,6 +22,7 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -118,14 +119,31 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+#: Runs of this process's multirun that failed and were passed over (`runtime.keep_going`).
+FAILED_JOBS: list[str] = []
+
+
+def _in_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_entry(cfg: DictConfig) -> dict[str, Any] | None:
     try:
         setup = build_setup(cfg)
         record = run(setup)
-    except PrunelabError as err:
-        _fail(str(err))
-        return None
+    except Exception as err:
+        # One failed setting of a sweep should not cost the rest: its record says failed (stage,
+        # error) and a relaunch retries it. A single run fails as usual.
+        if _in_multirun() and cfg.runtime.get("keep_going", True):
+            job = " ".join(HydraConfig.get().overrides.task)
+            log.error("run failed, sweep goes on (%s): %s: %s", job, type(err).__name__, err)
+            FAILED_JOBS.append(f"{job}: {type(err).__name__}: {err}")
+            return None
+        if isinstance(err, PrunelabError):
+            _fail(str(err))
+            return None
+        raise
     summary = ", ".join(f"{k}={v['value']:.4g}" for k, v in record["metrics"].get("pruned", {}).items()
                         if not k.startswith("zeroshot/") or k.endswith("average/acc"))
     log.info("done in %.1f s: %s", record["timings"]["total"], summary)
@@ -146,6 +164,12 @@ def main() -> None:
     except ConfigError as err:
         _fail(str(err))
     hydra_entry()
+    if FAILED_JOBS:
+        print(f"prunelab: {len(FAILED_JOBS)} run(s) of the sweep failed (records say why; "
+              "relaunch to retry them):", file=sys.stderr)
+        for job in FAILED_JOBS:
+            print(f"  {job}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

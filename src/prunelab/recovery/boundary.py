@@ -104,12 +104,16 @@ def contiguous_blocks(removed: Sequence[int]) -> list[tuple[int, int]]:
 
 def site_of(dense_end: int, removed: Sequence[int], num_dense: int) -> int | str:
     """Where the operator of a boundary ending at dense layer e acts in the pruned model: the input
-    of surviving layer e (its new index), or the final norm's input when e is past the last layer."""
-    if dense_end >= num_dense:
+    of the first surviving layer at or after e (its new index), or the final norm's input when none
+    survives. Per-layer operators of adjacent removed layers (l, l + 1), (l + 1, l + 2) thus share
+    one site and run in the order they were attached: x <- x W_l W_{l+1}."""
+    removed = set(removed)
+    survivor = dense_end
+    while survivor in removed:
+        survivor += 1
+    if survivor >= num_dense:
         return FINAL_NORM
-    if dense_end in removed:
-        raise ValueError(f"dense layer {dense_end} was removed; it cannot hold a boundary operator")
-    return dense_end - sum(1 for i in removed if i < dense_end)
+    return survivor - sum(1 for i in removed if i < survivor)
 
 
 def site_module(adapter: ModelAdapter, site: int | str) -> nn.Module:
