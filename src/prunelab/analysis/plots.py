@@ -109,8 +109,8 @@ def plot_layer_profile(records: Iterable[RunRecord], kind: str = "sparsity",
     axis.set_xlabel("layer")
     axis.set_ylabel(f"sparsity ({field})" if kind == "sparsity" else "layer score")
     axis.grid(alpha=0.3)
-    if profiles["label"].nunique() <= 12:
-        axis.legend(fontsize="small")
+    if profiles["label"].nunique() <= 12:  # beside the axes: the profiles fill the plot
+        axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return figure
 
 
