@@ -96,8 +96,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     parser.add_argument("--skip-1b", action="store_true")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     m, probe_rows = StageMeasurements(), []
     bench_model("testbed_llama", ModelSpec("testbed_llama", device="cpu"), 32, 256, list(SCORERS), 3, m,
                 probe_rows)
