@@ -109,10 +109,20 @@ def test_shortened_magnitude_is_sum_of_abs_weights_and_plus_rule_is_its_default(
     assert protected_layers(8, plus_rule=True) == {0, 1, 2, 3, 6, 7}
 
 
-def test_taylor_scores_leave_no_gradients_behind(llama):
+def test_taylor_scores_are_sum_abs_weight_times_gradient_and_leave_no_gradients_behind(llama):
     flags = [p.requires_grad for p in llama.model.parameters()]
     scores = BlockTaylor().score(context(llama), ScoreRequest(4, 1)).per_layer
-    assert len(scores) == 4 and all(s > 0 for s in scores)
+    weights = [[lin.weight for lin in llama.adapter.linears(layer).values()] for layer in llama.adapter.layers]
+    flat = [w for ws in weights for w in ws]
+    with torch.enable_grad():  # the loss summed over the scorer's batches of 2, by plain autograd
+        loss = 0.0
+        for batch in ids().split(2):
+            logits = llama.model(input_ids=batch, use_cache=False).logits  # [2, T, V]
+            loss = loss + torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                            batch[:, 1:].reshape(-1))
+        grads = iter(torch.autograd.grad(loss, flat))  # loaded weights require grad
+    expected = [sum(float((w.detach() * next(grads)).abs().sum()) for w in ws) for ws in weights]
+    assert scores == pytest.approx(expected, rel=1e-4)
     assert all(p.grad is None for p in llama.model.parameters())
     assert [p.requires_grad for p in llama.model.parameters()] == flags
 

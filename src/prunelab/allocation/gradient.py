@@ -19,13 +19,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from prunelab.allocation.bounds import (
-    Band, layer_params,
-)
+from prunelab.allocation.bounds import Band, layer_params
 from prunelab.allocation.stats_cache import cached
+from prunelab.calibration.gradients import gradients_for, next_token_loss
 
 if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
     from prunelab.pruning.base import PruneContext
@@ -38,29 +36,15 @@ def squared_gradients(ctx: PruneContext) -> torch.Tensor:
     samples = ctx.calibration()  # [N, T]
     linears = [list(adapter.linears(layer).values()) for layer in adapter.layers]
     device = model.get_input_embeddings().weight.device
-    saved = {p: p.requires_grad for p in model.parameters()}
     total = torch.zeros(len(linears), dtype=torch.float64)  # [L]
-    try:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for layer in linears:
-            for lin in layer:
-                lin.weight.requires_grad_(True)
-        with torch.enable_grad():
-            for ids in tqdm(samples.split(1), desc="gradient: dense backward", disable=not ctx.progress,
-                            leave=False):
-                ids = ids.to(device)  # [1, T]
-                logits = model(input_ids=ids, use_cache=False).logits  # [1, T, V]
-                loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
-                loss.backward()
-                for index, layer in enumerate(linears):
-                    for lin in layer:
-                        total[index] += float(lin.weight.grad.double().pow(2).sum())
-                        lin.weight.grad = None
-    finally:
-        for p, flag in saved.items():
-            p.requires_grad_(flag)
-            p.grad = None
+    with gradients_for(model, (lin.weight for layer in linears for lin in layer)):
+        for ids in tqdm(samples.split(1), desc="gradient: dense backward", disable=not ctx.progress,
+                        leave=False):
+            next_token_loss(model, ids.to(device)).backward()  # ids [1, T]
+            for index, layer in enumerate(linears):
+                for lin in layer:
+                    total[index] += float(lin.weight.grad.double().pow(2).sum())
+                    lin.weight.grad = None
     return total
 
 

@@ -13,9 +13,7 @@ The paper's "+" rule (keep blocks 0-3 and the last two) is on by default for the
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
+from prunelab.calibration.gradients import gradients_for, next_token_loss
 from prunelab.calibration.hidden_states import calibration_nll, progress_bar
 from prunelab.calibration.runner import batched
 from prunelab.pruning.base import PruneContext
@@ -43,28 +41,12 @@ class BlockTaylor:
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
         adapter, model = ctx.loaded.adapter, ctx.loaded.model
         weights = [[lin.weight for lin in adapter.linears(layer).values()] for layer in adapter.layers]
-        flags = {p: p.requires_grad for p in model.parameters()}
-        tracked = [w for ws in weights for w in ws]
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for w in tracked:
-            w.requires_grad_(True)
-            w.grad = None
         device = model.get_input_embeddings().weight.device
-        try:
-            with torch.enable_grad():
-                batches = batched(ctx.calibration(), ctx.batch_size)
-                for batch in progress_bar(batches, ctx.progress, "taylor"):
-                    logits = model(input_ids=batch.to(device), use_cache=False).logits  # [B, T, V]
-                    loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                                           batch[:, 1:].reshape(-1).to(device))
-                    loss.backward()
+        with gradients_for(model, (w for ws in weights for w in ws)):
+            batches = batched(ctx.calibration(), ctx.batch_size)
+            for batch in progress_bar(batches, ctx.progress, "taylor"):
+                next_token_loss(model, batch.to(device)).backward()  # batch [B, T]
             scores = [taylor_importance(ws, [w.grad for w in ws]) for ws in weights]
-        finally:
-            for w in tracked:
-                w.grad = None
-            for p, flag in flags.items():
-                p.requires_grad_(flag)
         return LayerScores(per_layer=scores)
 
 
