@@ -81,6 +81,21 @@ def test_angular_and_streamline_give_contiguous_blocks(llama):
         assert removed[1] == removed[0] + 1
 
 
+def test_angular_and_streamline_scores_equal_transformers_hidden_states(llama):
+    """Starts 0 and 1 of n = 2 read h_0..h_3, the un-normed entries of output_hidden_states."""
+    with torch.no_grad():
+        hs = llama.model(input_ids=ids(), output_hidden_states=True, use_cache=False).hidden_states
+    angular = AngularDistance("last").score(context(llama), ScoreRequest(4, 2)).block_starts
+    streamline = Streamline().score(context(llama), ScoreRequest(4, 2)).block_starts
+    for start in (0, 1):
+        a, b = hs[start], hs[start + 2]  # [N, T, C]
+        cos_last = torch.nn.functional.cosine_similarity(a[:, -1].double(), b[:, -1].double(), dim=-1)  # [N]
+        assert angular[start] == pytest.approx(float((torch.arccos(cos_last.clamp(-1, 1)) / math.pi).mean()),
+                                               abs=1e-5)
+        cos = torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1)  # [N, T]
+        assert streamline[start] == pytest.approx(1.0 - float(cos.mean()), abs=1e-5)
+
+
 # --- SLEB and Shortened LLaMA -----------------------------------------------------------------
 def test_sleb_never_removes_the_first_or_last_block_even_when_they_are_free(llama):
     adapter = llama.adapter

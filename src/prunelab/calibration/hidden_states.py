@@ -9,7 +9,7 @@ Calibration windows are unpadded [N, T] token ids, so "non-padded tokens" means 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from prunelab.calibration.runner import LayerSequentialRunner, batched, capture_layer_inputs
 from prunelab.models.adapter import ModelAdapter
-from prunelab.scoring.layers import nll_from_logits
+from prunelab.scoring.layers import RunningMean, nll_from_logits
 
 
 def iter_hidden_states(adapter: ModelAdapter, samples: torch.Tensor, batch_size: int = 1,
@@ -40,6 +40,25 @@ def iter_state_pairs(states: Iterator[tuple[int, list[torch.Tensor]]], distance:
         if len(window) == distance + 1:
             first_index, first = window[0]
             yield first_index, first, hidden
+
+
+def block_term_means(adapter: ModelAdapter, samples: torch.Tensor, distance: int,
+                     term: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], batch_size: int = 1,
+                     progress: bool = True, desc: str = "hidden states",
+                     keep: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[float | None]:
+    """[L] per start l: the mean over all calibration values of term(h_l, h_{l+distance}) (term maps
+    two [B, T, C] batches to per-token values); None where l + distance > L. `keep` reduces every
+    state before it is held (e.g. to the last token), so only what the term reads stays alive."""
+    means: list[float | None] = [None] * adapter.num_layers
+    states = iter_hidden_states(adapter, samples, batch_size, progress, desc=desc)
+    if keep is not None:
+        states = ((index, [keep(h) for h in hidden]) for index, hidden in states)
+    for start, h_in, h_out in iter_state_pairs(states, distance):
+        mean = RunningMean()
+        for a, b in zip(h_in, h_out):  # [B, T, C] each
+            mean.update(term(a, b))
+        means[start] = mean.value
+    return means
 
 
 @torch.no_grad()

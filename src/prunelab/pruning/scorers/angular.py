@@ -12,11 +12,23 @@ ReplaceMe never prunes layer 0: add `pruning.protect_first=1` to reproduce its c
 
 from __future__ import annotations
 
-from prunelab.calibration.hidden_states import iter_hidden_states, iter_state_pairs
-from prunelab.errors import ConfigError
+import torch
+
+from prunelab.calibration.hidden_states import block_term_means
+from prunelab.errors import check_choice
 from prunelab.pruning.base import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
-from prunelab.scoring.layers import TOKEN_SETS, RunningMean, angular_distance, select_tokens
+from prunelab.scoring.layers import TOKEN_SETS, angular_distance, select_tokens
+
+
+def last_token(h: torch.Tensor) -> torch.Tensor:
+    """[B, T, C] -> [B, 1, C]: the only rows the last-token distance reads."""
+    return select_tokens(h, "last")[:, None, :]
+
+
+def token_angular_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[B, T, C] x2 -> [B*T] angular distance per token."""
+    return angular_distance(select_tokens(a, "all"), select_tokens(b, "all"))
 
 
 class AngularDistance:
@@ -25,22 +37,15 @@ class AngularDistance:
     plus_rule = False
 
     def __init__(self, tokens: str = "last"):
-        if tokens not in TOKEN_SETS:
-            raise ConfigError(f"pruning.scorer.tokens must be one of {TOKEN_SETS}, not {tokens!r}")
+        check_choice("pruning.scorer.tokens", tokens, TOKEN_SETS)
         self.tokens = tokens
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
         n, num_layers = request.num_remove, request.num_layers
         block: list[float | None] = [None] * num_layers
         if n > 0:
-            states = iter_hidden_states(ctx.loaded.adapter, ctx.calibration(), ctx.batch_size,
-                                        ctx.progress, desc="angular distance")
-            if self.tokens == "last":  # keep only [B, C] rows per layer
-                states = ((i, [select_tokens(h, "last")[:, None, :] for h in hs]) for i, hs in states)
-            for start, h_in, h_out in iter_state_pairs(states, n):
-                mean = RunningMean()
-                for a, b in zip(h_in, h_out):  # [B, T', C]
-                    rows_a, rows_b = select_tokens(a, "all"), select_tokens(b, "all")  # [B*T', C]
-                    mean.update(angular_distance(rows_a, rows_b))  # [B*T']
-                block[start] = mean.value
+            block = block_term_means(
+                ctx.loaded.adapter, ctx.calibration(), n, term=token_angular_distance,
+                batch_size=ctx.batch_size, progress=ctx.progress, desc="angular distance",
+                keep=last_token if self.tokens == "last" else None)
         return LayerScores(block_starts=block, details={"tokens": self.tokens, "block_size": n})

@@ -12,11 +12,11 @@ Quirk: the LinearPatch / Ghosted code compute this cosine with dim=1 on [B, T, C
 
 from __future__ import annotations
 
-from prunelab.calibration.hidden_states import iter_hidden_states, iter_state_pairs
+from prunelab.calibration.hidden_states import block_term_means
 from prunelab.errors import check_choice
 from prunelab.pruning.base import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
-from prunelab.scoring.layers import COSINE_DIMS, RunningMean, cosine_terms
+from prunelab.scoring.layers import COSINE_DIMS, cosine_terms
 
 
 class Streamline:
@@ -32,11 +32,8 @@ class Streamline:
         n, num_layers = request.num_remove, request.num_layers
         block: list[float | None] = [None] * num_layers
         if n > 0:
-            states = iter_hidden_states(ctx.loaded.adapter, ctx.calibration(), ctx.batch_size,
-                                        ctx.progress, desc="streamline")
-            for start, h_in, h_out in iter_state_pairs(states, n):
-                mean_cos = RunningMean()
-                for a, b in zip(h_in, h_out):  # [B, T, C]
-                    mean_cos.update(cosine_terms(a, b, self.cosine_dim))
-                block[start] = 1.0 - mean_cos.value
+            similarity = block_term_means(
+                ctx.loaded.adapter, ctx.calibration(), n, batch_size=ctx.batch_size, progress=ctx.progress,
+                desc="streamline", term=lambda a, b: cosine_terms(a, b, self.cosine_dim))
+            block = [None if s is None else 1.0 - s for s in similarity]
         return LayerScores(block_starts=block, details={"cosine_dim": self.cosine_dim, "block_size": n})
