@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from prunelab.benchmark import StageMeasurements
+from prunelab.benchmark import StageMeasurements, keep_unmeasured_rows
 from prunelab.calibration import capture_layer_inputs
 from prunelab.data import CalibrationSpec, calibration_samples
 from prunelab.models import ModelSpec, load_model
@@ -95,7 +95,8 @@ def bench_model(label: str, spec: ModelSpec, nsamples: int, seqlen: int, scorers
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
-    parser.add_argument("--skip-1b", action="store_true")
+    parser.add_argument("--skip-1b", action="store_true",
+                        help="measure testbed_llama only; keep the 1.1B rows already in the CSV")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -110,6 +111,9 @@ def main() -> int:
                         [s for s in SCORERS if s != "sleb"], 1, m, probe_rows)
     args.out.mkdir(parents=True, exist_ok=True)
     table, probe = pd.DataFrame(m.rows), pd.DataFrame(probe_rows)
+    if args.skip_1b:  # keep the committed 1.1B rows
+        table = keep_unmeasured_rows(table, args.out / "depth_benchmark.csv")
+        probe = keep_unmeasured_rows(probe, args.out / "swap_probe_cost.csv")
     table.to_csv(args.out / "depth_benchmark.csv", index=False)
     probe.to_csv(args.out / "swap_probe_cost.csv", index=False)
     text = (f"# Depth scoring and recovery benchmark ({platform.processor() or platform.machine()}, "

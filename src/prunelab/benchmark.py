@@ -13,7 +13,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import pandas as pd
 import psutil
 import torch
 
@@ -76,3 +78,18 @@ def layer_sequential_bound(model: torch.nn.Module, layers, nsamples: int, seqlen
     return {"weights_mb": weights / 2**20, "one_layer_mb": layer / 2**20,
             "activation_buffers_mb": activations / 2**20, "method_state_mb": extra_per_layer / 2**20,
             "bound_mb": (weights + layer + activations + extra_per_layer) / 2**20}
+
+
+def keep_unmeasured_rows(table: pd.DataFrame, previous_csv: Path, key: str = "model") -> pd.DataFrame:
+    """``table`` plus the rows of ``previous_csv`` whose ``key`` was not measured this time.
+
+    Lets a benchmark re-measure one model (e.g. ``--skip-1b`` after a testbed retrain) without
+    discarding the committed rows of the models it skipped.
+    """
+    if not previous_csv.exists():
+        return table
+    previous = pd.read_csv(previous_csv)
+    if key not in previous.columns or key not in table.columns:
+        return table
+    kept = previous[~previous[key].isin(set(table[key]))]
+    return pd.concat([table, kept], ignore_index=True) if len(kept) else table
