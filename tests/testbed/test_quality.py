@@ -1,0 +1,57 @@
+"""The shipped testbed models behave like capacity-bound LLMs (issue targets, measured by the code).
+
+The fast test checks the direction of magnitude-pruning damage on a slice of the test split; the
+slow tests (``make test-all``) re-measure each model card's targets in full with ``quality.evaluate``.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from prunelab.testbed import quality
+
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "src" / "prunelab" / "testbed" / "checkpoints"
+
+
+def _final(name: str) -> Path:
+    root = CHECKPOINTS / name
+    steps = sorted(root.glob("step*"), key=lambda d: int(d.name[4:]))
+    directory = steps[-1] if steps else root
+    if not (directory / "model.safetensors").exists():
+        pytest.skip(f"{name} not trained yet")
+    return directory
+
+
+def _load(directory: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(str(directory))
+
+
+@pytest.mark.parametrize("name", ["testbed_llama", "testbed_pythia"])
+def test_magnitude_pruning_damage_grows_with_sparsity(name):
+    model, tokenizer = _load(_final(name))
+    windows = quality.test_windows(tokenizer, n_documents=60)
+    dense = quality.perplexity(model, windows)
+    half, most = (quality.perplexity(quality.magnitude_pruned(model, s), windows) for s in (0.5, 0.7))
+    assert dense < half < most
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["testbed_llama", "testbed_pythia"])
+def test_model_meets_the_testbed_quality_targets(name):
+    model, tokenizer = _load(_final(name))
+    report = quality.evaluate(model, tokenizer)
+    dense_zeroshot = sum(report["tasks"].values()) / len(report["tasks"])
+    assert report["test_ppl"] <= report["unigram_ppl"] / 20
+    assert report["magnitude_50"]["ppl_increase"] >= 0.10
+    assert sum(report["magnitude_50"]["tasks"].values()) / len(report["tasks"]) < dense_zeroshot
+    assert report["magnitude_70"]["ppl_increase"] >= 0.5
+    removal = report["layer_removal_ppl_increase"]
+    assert min(removal) < 0.02 and max(removal) > 0.5
+    if name == "testbed_llama":  # graded like real benchmarks on all 500 items: easy and hard, chance 50%
+        accuracies = list(quality.all_task_accuracies(model, tokenizer, n=500).values())
+        assert sum(a >= 0.8 for a in accuracies) >= 4
+        assert sum(0.55 <= a < 0.8 for a in accuracies) >= 2
