@@ -4,35 +4,21 @@ The fast test checks the direction of magnitude-pruning damage on a slice of the
 slow tests (``make test-all``) re-measure each model card's targets in full with ``quality.evaluate``.
 """
 
-from pathlib import Path
-
 import pytest
-import torch
 
+from prunelab.models import ModelSpec, load_model
 from prunelab.testbed import quality
 
-CHECKPOINTS = Path(__file__).resolve().parents[2] / "src" / "prunelab" / "testbed" / "checkpoints"
 
-
-def _final(name: str) -> Path:
-    root = CHECKPOINTS / name
-    steps = sorted(root.glob("step*"), key=lambda d: int(d.name[4:]))
-    directory = steps[-1] if steps else root
-    if not (directory / "model.safetensors").exists():
-        pytest.skip(f"{name} not trained yet")
-    return directory
-
-
-def _load(directory: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
-    return model, AutoTokenizer.from_pretrained(str(directory))
+def _load(name: str):
+    """The shipped model as every run loads it (testbed_pythia: its final checkpoint)."""
+    loaded = load_model(ModelSpec(name, device="cpu"))
+    return loaded.model, loaded.tokenizer
 
 
 @pytest.mark.parametrize("name", ["testbed_llama", "testbed_pythia"])
 def test_magnitude_pruning_damage_grows_with_sparsity(name):
-    model, tokenizer = _load(_final(name))
+    model, tokenizer = _load(name)
     windows = quality.test_windows(tokenizer, n_documents=60)
     dense = quality.perplexity(model, windows)
     half, most = (quality.perplexity(quality.magnitude_pruned(model, s), windows) for s in (0.5, 0.7))
@@ -42,7 +28,7 @@ def test_magnitude_pruning_damage_grows_with_sparsity(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["testbed_llama", "testbed_pythia"])
 def test_model_meets_the_testbed_quality_targets(name):
-    model, tokenizer = _load(_final(name))
+    model, tokenizer = _load(name)
     report = quality.evaluate(model, tokenizer)
     dense_zeroshot = sum(report["tasks"].values()) / len(report["tasks"])
     assert report["test_ppl"] <= report["unigram_ppl"] / 20

@@ -36,13 +36,13 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from prunelab.testbed import corpus, quality, tokenizer as testbed_tokenizer
+from prunelab.testbed import CHECKPOINT_DIR, corpus, quality
+from prunelab.testbed import tokenizer as testbed_tokenizer
 
 logger = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RECIPE_DIR = PACKAGE_DIR / "recipes"
-CHECKPOINT_DIR = PACKAGE_DIR / "checkpoints"
 DOCUMENTS_PER_BLOCK = 2048
 
 
