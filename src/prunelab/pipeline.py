@@ -153,7 +153,7 @@ def run(setup: RunSetup) -> dict[str, Any]:
     try:
         seed_everything(setup.seed)
         with clock("load"):
-            loaded = load_model(setup.model)
+            loaded = load_model(setup.model, setup.cache_dir)
         record["parameters"] = {"dense": parameter_counts(loaded.adapter)}
         evaluators = build_evaluators(setup, cache)
         with clock("dense_eval"):

@@ -1,12 +1,13 @@
 """Load a causal LM, its tokenizer and its adapter by hub id or local path.
 
-The same `from_pretrained` path serves a 7B hub model on a GPU cluster and the shipped testbed on a
-laptop CPU. The architecture is checked from the config before any weight is read.
+The same `from_pretrained` path serves a 7B hub model on a GPU cluster, the shipped testbed on a
+laptop CPU, and a GGUF checkpoint (converted once into a plain folder, see `models.gguf`). The architecture is checked from the config before any weight is read.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,19 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(spec: ModelSpec) -> LoadedModel:
-    source, revision = spec.resolved_source()
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("PRUNELAB_CACHE") or Path.home() / ".cache" / "prunelab").expanduser()
+
+
+def load_model(spec: ModelSpec, cache_dir: str | Path | None = None) -> LoadedModel:
+    """Model, tokenizer and adapter; a GGUF checkpoint is first converted once into `cache_dir`."""
+    if spec.gguf_file:
+        from prunelab.models import gguf
+
+        gguf_path = gguf.locate(spec.name_or_path, spec.gguf_file, spec.revision)
+        source, revision = str(gguf.converted_folder(gguf_path, Path(cache_dir or default_cache_dir()))), None
+    else:
+        source, revision = spec.resolved_source()
     hub_kwargs = dict(revision=revision, trust_remote_code=spec.trust_remote_code)
     config = AutoConfig.from_pretrained(source, **hub_kwargs)
     architecture = architecture_for(config.model_type)  # unsupported: clear error, nothing loaded
@@ -71,6 +83,8 @@ def model_identity(loaded: LoadedModel) -> dict[str, Any]:
     identity: dict[str, Any] = {"source": loaded.source, "revision": loaded.spec.revision,
                                 "dtype": loaded.spec.dtype,
                                 "commit": getattr(loaded.config, "_commit_hash", None)}
+    if loaded.spec.gguf_file:  # the converted folder is named by the GGUF's hash
+        identity["gguf_file"] = loaded.spec.gguf_file
     source = Path(loaded.source)
     if source.is_dir():
         identity["files"] = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime))

@@ -31,6 +31,10 @@ class ModelSpec:
             whole model on ``device``.
         trust_remote_code: off unless the user asks for it.
         tokenizer: optional tokenizer source when it differs from the model's.
+        gguf_file: a GGUF checkpoint to read (a file name inside `name_or_path`, which may then be
+            ``pkg:<package>``, a local folder or a hub repository; or a path to the file). It is
+            dequantized and converted once into a Hugging Face folder in the cache
+            (`prunelab.models.gguf`), then loaded from there like any other model.
     """
 
     name_or_path: str
@@ -41,6 +45,7 @@ class ModelSpec:
     device_map: Any = None
     trust_remote_code: bool = False
     tokenizer: str | None = None
+    gguf_file: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name_or_path:
@@ -49,6 +54,8 @@ class ModelSpec:
             raise ConfigError(f"model.dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
         if not (self.device in ("auto", "cpu", "mps") or self.device.startswith("cuda")):
             raise ConfigError(f"model.device={self.device!r}: use auto, cpu, cuda or cuda:N")
+        if self.name_or_path.startswith("pkg:") and not self.gguf_file:
+            raise ConfigError("model.name_or_path=pkg:<package> names a GGUF's folder: set model.gguf_file")
         if self.is_local_path and not Path(self.name_or_path).expanduser().exists():
             raise ConfigError(f"model path does not exist: {self.name_or_path}")
         if self.is_shipped and not (SHIPPED_ROOT / self.name_or_path).exists():
@@ -56,7 +63,7 @@ class ModelSpec:
                 f"shipped model {self.name_or_path!r} is missing from {SHIPPED_ROOT}; "
                 "rebuild it with `python -m prunelab.testbed.train`"
             )
-        if self.is_shipped or self.is_local_path:
+        if (self.is_shipped or self.is_local_path) and not self.gguf_file:
             self.resolved_source()  # a missing revision subfolder fails here, before loading
 
     @property
