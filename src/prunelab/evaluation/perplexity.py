@@ -28,6 +28,7 @@ from prunelab.evaluation.metrics import Metric
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("token", "word")
+WINDOW_ORDERS = ("first", "spread")
 
 
 @dataclass(frozen=True)
@@ -36,16 +37,22 @@ class PerplexitySpec:
     protocols: token and/or word.
     seqlen: evaluation window; capped at the model's max_position_embeddings (the stamp says so).
     batch_size: windows per forward pass.
-    max_windows: evaluate only the first N windows / documents (quick runs); null = all.
+    max_windows: evaluate only N windows / documents (quick runs); null = all.
+    window_order: with max_windows, which N token windows: `first` (the reference protocols) or
+        `spread` (evenly spaced over the whole split, so a short evaluation still samples every
+        document; recorded in the protocol stamp).
     """
 
     protocols: tuple[str, ...] = ("token",)
     seqlen: int = 2048
     batch_size: int = 1
     max_windows: int | None = None
+    window_order: str = "first"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "protocols", tuple(self.protocols))
+        if self.window_order not in WINDOW_ORDERS:
+            raise ConfigError(f"evaluation.perplexity.window_order={self.window_order!r}: use first or spread")
         bad = [p for p in self.protocols if p not in PROTOCOLS]
         if bad:
             raise ConfigError(f"evaluation.perplexity.protocols: unknown {bad}; known: token, word")
@@ -63,15 +70,18 @@ def effective_seqlen(model, seqlen: int) -> int:
 
 @torch.no_grad()
 def window_nlls(model, ids: torch.Tensor, seqlen: int, batch_size: int = 1,
-                max_windows: int | None = None, progress: bool = True) -> list[float]:
+                max_windows: int | None = None, progress: bool = True,
+                window_order: str = "first") -> list[float]:
     """Mean NLL of each non-overlapping window of `ids` ([1, L]); the remainder is dropped."""
-    n = ids.shape[1] // seqlen
-    if max_windows is not None:
-        n = min(n, max_windows)
-    if n == 0:
+    total = ids.shape[1] // seqlen
+    if total == 0:
         raise ValueError(f"{ids.shape[1]} tokens: not one window of {seqlen}")
+    windows = ids[0, : total * seqlen].view(total, seqlen)  # [total, T]
+    n = total if max_windows is None else min(total, max_windows)
+    if window_order == "spread":
+        windows = windows[spread_indices(total, n)]  # [n, T]
+    windows = windows[:n]
     device = model.get_input_embeddings().weight.device
-    windows = ids[0, : n * seqlen].view(n, seqlen)  # [n, T]
     nlls: list[float] = []
     for start in tqdm(range(0, n, batch_size), desc="ppl windows", disable=not progress, leave=False):
         batch = windows[start : start + batch_size].to(device)  # [B, T]
@@ -79,6 +89,11 @@ def window_nlls(model, ids: torch.Tensor, seqlen: int, batch_size: int = 1,
         loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), batch[:, 1:], reduction="none")  # [B, T-1]
         nlls.extend(loss.mean(dim=1).tolist())
     return nlls
+
+
+def spread_indices(total: int, n: int) -> torch.Tensor:
+    """n window indices evenly spaced over 0..total-1 (all of them when n == total)."""
+    return torch.div(torch.arange(n) * total, n, rounding_mode="floor")
 
 
 @torch.no_grad()
@@ -124,6 +139,8 @@ class PerplexityEvaluator:
                 "split": "validation" if corpus == "c4" else "test", "seqlen": seqlen,
                 "max_windows": self.spec.max_windows, "tokenizer": tokenizer_fingerprint(tokenizer),
                 "corpus_version": sources.corpus_version(corpus, self.paths),
+                # stamped only when it departs from the reference protocol (older stamps stay valid)
+                **({"window_order": self.spec.window_order} if self.spec.window_order != "first" else {}),
             }
             for corpus in self.corpora for kind in self.spec.protocols
         }
@@ -136,7 +153,7 @@ class PerplexityEvaluator:
             if kind == "token":
                 ids = eval_token_stream(corpus, tokenizer, seqlen, self.paths, self.cache)
                 nlls = window_nlls(model, ids, seqlen, self.spec.batch_size, self.spec.max_windows,
-                                   self.progress)
+                                   self.progress, self.spec.window_order)
                 value = math.exp(sum(nlls) * seqlen / (len(nlls) * seqlen))
                 stamp = {**stamp, "windows": len(nlls), "tokens": len(nlls) * seqlen}
                 samples = {"unit": "window", "values": nlls, "weights": [seqlen] * len(nlls)}

@@ -2,8 +2,9 @@
 
 lm-eval's `simple_evaluate` runs on an `HFLM` wrapping the model object itself: no save round-trip.
 Hub tasks (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa, copa, race) come
-from lm-eval's registry; the testbed's tasks (`tb_*`) are built from the shipped generator and
-handed to lm-eval as task configs over local JSON files (absolute paths: lm-eval resolves relative
+from lm-eval's registry; local tasks, the testbed's (`tb_*`, built from the shipped generator) and
+real text's (`rt_*`, built from held-out `realtext` documents), are handed to lm-eval as task
+configs over local JSON files (absolute paths: lm-eval resolves relative
 `data_files` against the working directory). Each task records which metric it reports (acc or
 acc_norm), its per-item correctness and the log-probability margin of the right answer over the
 best wrong one, for paired statistics (McNemar).
@@ -32,11 +33,11 @@ HUB_TASKS = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challen
 @dataclass(frozen=True)
 class ZeroShotSpec:
     """Attributes:
-    tasks: lm-eval task names; `tb_*` names are the testbed's local tasks.
+    tasks: lm-eval task names; `tb_*` (testbed) and `rt_*` (real text) names are local tasks.
     metric: the metric averaged and recorded per task (acc or acc_norm); `metric_overrides` maps a
         task to another (e.g. {hellaswag: acc_norm}).
     num_fewshot, limit, batch_size: as in lm-eval (`limit` = first N items per task).
-    items: number of items generated per local testbed task.
+    items: number of items generated per local task.
     """
 
     tasks: tuple[str, ...] = HUB_TASKS
@@ -56,13 +57,12 @@ class ZeroShotSpec:
                 raise ConfigError(f"evaluation.zeroshot metric {metric!r} is not one of {', '.join(METRICS)}")
         if not self.tasks:
             raise ConfigError("evaluation.zeroshot.tasks is empty")
-        local = [t for t in self.tasks if t.startswith("tb_")]
-        if local:
-            from prunelab.testbed.tasks import TASKS
-
-            unknown = [t for t in local if t not in TASKS]
+        for prefix in LOCAL_TASK_MODULES:
+            local = [t for t in self.tasks if t.startswith(prefix)]
+            available = local_task_module(prefix).TASKS if local else ()
+            unknown = [t for t in local if t not in available]
             if unknown:
-                raise ConfigError(f"unknown testbed tasks {unknown}; available: {', '.join(TASKS)}")
+                raise ConfigError(f"unknown local tasks {unknown}; available: {', '.join(available)}")
 
     def metric_for(self, task: str) -> str:
         return self.metric_overrides.get(task, self.metric)
@@ -71,17 +71,30 @@ class ZeroShotSpec:
         return ZeroShotEvaluator(self, progress)
 
 
-def local_task_config(name: str, items: int, folder: Path) -> dict[str, Any]:
-    """An lm-eval multiple-choice task config over the testbed task's items (written as JSONL)."""
-    from prunelab.testbed import corpus
-    from prunelab.testbed.tasks import task_items
+# Local task families: name prefix -> module with TASKS, task_items(name, n) and VERSION.
+LOCAL_TASK_MODULES = {"tb_": "prunelab.testbed.tasks", "rt_": "prunelab.evaluation.realtext_tasks"}
 
-    path = folder / f"{name}-{corpus.CORPUS_VERSION}-{items}.jsonl"
+
+def local_task_module(prefix_or_task: str):
+    import importlib
+
+    prefix = prefix_or_task[:3]
+    return importlib.import_module(LOCAL_TASK_MODULES[prefix])
+
+
+def is_local_task(task: str) -> bool:
+    return task[:3] in LOCAL_TASK_MODULES
+
+
+def local_task_config(name: str, items: int, folder: Path) -> dict[str, Any]:
+    """An lm-eval multiple-choice task config over a local task's items (written as JSONL)."""
+    module = local_task_module(name)
+    path = folder / f"{name}-{module.VERSION}-{items}.jsonl"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
         with os.fdopen(fd, "w") as handle:
-            for item in task_items(name, items):
+            for item in module.task_items(name, items):
                 handle.write(json.dumps(item) + "\n")
         os.replace(tmp, path)
     return {
@@ -150,10 +163,8 @@ class ZeroShotEvaluator:
     def _stamp(self, task: str) -> dict[str, Any]:
         stamp = {"evaluator": "lm-eval", "task": task, "metric": self.spec.metric_for(task),
                  "num_fewshot": self.spec.num_fewshot, "limit": self.spec.limit}
-        if task.startswith("tb_"):
-            from prunelab.testbed import corpus
-
-            stamp.update(items=self.spec.items, corpus_version=corpus.CORPUS_VERSION)
+        if is_local_task(task):
+            stamp.update(items=self.spec.items, corpus_version=local_task_module(task).VERSION)
         return stamp
 
     def protocol_stamps(self, model, tokenizer) -> dict[str, dict]:
@@ -167,9 +178,9 @@ class ZeroShotEvaluator:
         from lm_eval.tasks import TaskManager
 
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.spec.batch_size)
-        tasks: list[Any] = [local_task_config(t, self.spec.items, self.task_folder) if t.startswith("tb_")
+        tasks: list[Any] = [local_task_config(t, self.spec.items, self.task_folder) if is_local_task(t)
                             else t for t in self.spec.tasks]
-        only_local = all(t.startswith("tb_") for t in self.spec.tasks)
+        only_local = all(map(is_local_task, self.spec.tasks))
         manager = TaskManager(include_defaults=not only_local) if only_local else TaskManager()
         with _lm_eval_progress(self.progress):
             out = simple_evaluate(model=lm, tasks=tasks, num_fewshot=self.spec.num_fewshot,

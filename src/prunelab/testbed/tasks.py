@@ -22,6 +22,7 @@ TASKS: tuple[str, ...] = (
     "tb_agreement", "tb_pronoun", "tb_tracking", "tb_tracking_long", "tb_arithmetic",
     "tb_city", "tb_job", "tb_colour", "tb_pet",
 )
+VERSION = corpus.CORPUS_VERSION  # the items change only with the generator
 SKILL_TASKS = ("tb_agreement", "tb_pronoun", "tb_tracking", "tb_tracking_long", "tb_arithmetic")
 FACT_TASKS = ("tb_city", "tb_job", "tb_colour", "tb_pet")
 
