@@ -38,10 +38,14 @@ test-all: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 ## Run a reproduced study and write its tables: make study STUDY=magnitude_sparsity
+## On the real model: make study STUDY=pals MODEL=smollm2 (experiment pals_smollm2; its records
+## are committed in results/<study>/records; the tables hold every model's rows)
+MODEL ?=
 study: setup
-	@test -n "$(STUDY)" || { echo "usage: make study STUDY=<name of experiments/<name>/>"; exit 2; }
-	$(VENV)/bin/prunelab experiment=$(STUDY) $(ARGS)
-	$(VENV)/bin/prunelab-aggregate records/$(STUDY) --out results/$(STUDY) $$(cat experiments/$(STUDY)/aggregate.args)
+	@test -n "$(STUDY)" || { echo "usage: make study STUDY=<name of experiments/<name>/> [MODEL=smollm2]"; exit 2; }
+	$(VENV)/bin/prunelab experiment=$(STUDY)$(if $(MODEL),_$(MODEL)) $(ARGS)
+	$(VENV)/bin/prunelab-aggregate $$(ls -d records/$(STUDY) results/$(STUDY)/records 2>/dev/null) \
+	    --out results/$(STUDY) $$(cat experiments/$(STUDY)/aggregate.args)
 
 clean-venv:
 	rm -rf $(VENV)
