@@ -42,6 +42,15 @@ def test_every_group_option_composes_and_builds(group, option, text_file, tmp_pa
     assert setup.signature and setup.record_file.name == "result.json"
 
 
+@pytest.mark.parametrize("experiment", group_options("experiment"))
+def test_every_experiment_composes_and_builds(experiment, tmp_path):
+    """A study preset composes with its own model, data and evaluation (its first sweep point)."""
+    setup = build_setup(compose_config([f"experiment={experiment}", f"paths.records_dir={tmp_path}"]))
+    assert setup.study and setup.record_file.name == "result.json"
+    if experiment.endswith("_smollm2"):
+        assert setup.model.gguf_file and setup.data.calibration.source == "realtext"
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["pruning=magnitde"], "did you mean magnitude"),
     (["model=lama2_7b"], "did you mean llama2_7b"),
