@@ -7,8 +7,8 @@ with a seed fixed by the corpus version, so every run grades the same items. Eac
 - `rt_lastword` (LAMBADA-style cloze, 4 choices, chance 25%): a passage of 24 words; the
   answer is its last word, chosen among words that already occur in the passage (so the context
   holds the cue, as in LAMBADA); the distractors are three other such words of the same passage.
-- `rt_nextline` (4 choices, chance 25%): two lines of a play or of the docs; which line comes
-  next: the true one, or one of three lines of similar length from elsewhere in the document.
+- `rt_nextline` (3 choices, chance 33%): two lines of a play or of the docs; which line comes
+  next: the true one, or one of two lines of similar length from elsewhere in the document.
 - `rt_wordorder` (2 choices, chance 50%): after one line of context, the true next line or the
   same line with two adjacent words swapped (a BLiMP-style minimal pair: same tokens, other order).
 """
@@ -22,8 +22,8 @@ from functools import lru_cache
 from prunelab.data import realtext
 
 TASKS: tuple[str, ...] = ("rt_lastword", "rt_nextline", "rt_wordorder")
-CHANCE = {"rt_lastword": 0.25, "rt_nextline": 0.25, "rt_wordorder": 0.5}
-VERSION = f"{realtext.CORPUS_VERSION}-tasks-2"  # bump whenever a builder changes
+CHANCE = {"rt_lastword": 1 / 4, "rt_nextline": 1 / 3, "rt_wordorder": 1 / 2}
+VERSION = f"{realtext.CORPUS_VERSION}-tasks-3"  # bump whenever a builder changes
 
 _WORD = re.compile(r"[A-Za-z][a-z]{3,}")  # plain words of 4+ letters (no names in capitals, no code)
 _PASSAGE_WORDS = 24
@@ -87,9 +87,9 @@ def _nextline(rng: random.Random, text: str) -> dict | None:
     size = len(right.split())
     nearby = set(lines[max(0, i - 5):i + 6])  # never the context itself or the lines around it
     pool = sorted({line for line in lines if abs(len(line.split()) - size) <= 1} - nearby)
-    if len(pool) < 3:
+    if len(pool) < 2:
         return None
-    options, gold = _choices(rng, right, rng.sample(pool, 3))
+    options, gold = _choices(rng, right, rng.sample(pool, 2))
     return {"context": "\n".join(context), "choices": [f"\n{o}" for o in options], "gold": gold}
 
 
