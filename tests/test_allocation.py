@@ -18,9 +18,9 @@ from prunelab.allocation.owl import OWL, outlier_ratio, owl_sparsities
 from prunelab.allocation.pals import PALS
 from prunelab.allocation.random import RandomAllocation
 from prunelab.calibration.statistics import AbsHistogram, histogram_quantile
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.report import sparsity_report
 from prunelab.pruning.sparsegpt import SparseGPT
 from prunelab.pruning.wanda import Wanda

@@ -9,9 +9,9 @@ from tiny import VOCAB, assert_nm_pattern
 
 import prunelab.pruning  # noqa: F401  first: importing prunelab.allocation first hits an import cycle
 from prunelab.calibration.statistics import Hessian
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.sparsegpt import SparseGPT
 from prunelab.pruning.sparsegpt_solver import sparsegpt_solve
 from prunelab.pruning.wanda import Wanda

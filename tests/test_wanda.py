@@ -9,9 +9,9 @@ from tiny import VOCAB, assert_nm_pattern
 import prunelab.pruning  # noqa: F401  first: importing prunelab.allocation first hits an import cycle
 from prunelab.allocation.owl import OWL
 from prunelab.calibration import SquaredColumnNorm
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.budget import SparsityBudget
 from prunelab.pruning.masks import unstructured_mask
 from prunelab.pruning.wanda import Wanda, wanda_variant_mask

@@ -19,9 +19,9 @@ import pandas as pd
 import torch
 
 from prunelab.benchmark import StageMeasurements, keep_unmeasured_rows, layer_sequential_bound
+from prunelab.context import PruneContext
 from prunelab.data import CalibrationSpec, calibration_samples
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.sparsegpt import SparseGPT
 from prunelab.pruning.wanda import Wanda
 

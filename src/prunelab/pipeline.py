@@ -24,14 +24,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from prunelab.context import PruneContext
 from prunelab.data import CalibrationSpec, DataSpec, TokenCache, calibration_samples
 from prunelab.evaluation import EvaluationSpec, PerplexityEvaluator
 from prunelab.evaluation.metrics import Metric
 from prunelab.models import LoadedModel, ModelSpec, load_model, model_identity
-from prunelab.pruning.base import PruneContext, PruningMethod
+from prunelab.models.boundary_operators import save_recovered
+from prunelab.pruning.base import PruningMethod
 from prunelab.pruning.report import parameter_counts, sparsity_report
 from prunelab.recovery.base import Recovery, RecoveryContext
-from prunelab.recovery.boundary import save_recovered
 from prunelab.tracking import Tracker, config_signature, is_completed, read_record, record_path, write_record
 from prunelab.tracking.environment import environment, peak_memory
 from prunelab.tracking.record import SCHEMA_VERSION

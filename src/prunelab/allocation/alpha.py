@@ -24,16 +24,13 @@ S everywhere.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
 from prunelab.allocation.bounds import check_mean, check_targets, layer_params, mean_weights
 from prunelab.allocation.stats_cache import cached
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
 
 XMIN_RULES = ("peak", "mid")
 WINDOWS = ("exact", "reference")

@@ -6,10 +6,9 @@ measured (outlier ratios, percentiles, gradients, alphas) it leaves in `details`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # pruning.base imports the methods, which import allocations
-    from prunelab.pruning.base import PruneContext
+from prunelab.context import PruneContext
 
 
 class Allocation(Protocol):

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
 
 log = logging.getLogger(__name__)
 

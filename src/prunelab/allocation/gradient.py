@@ -16,17 +16,13 @@ the linears themselves); the gradients are cached per model and calibration data
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from tqdm.auto import tqdm
 
 from prunelab.allocation.bounds import Band, layer_params
 from prunelab.allocation.stats_cache import cached
 from prunelab.calibration.gradients import gradients_for, next_token_loss
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
+from prunelab.context import PruneContext
 
 
 def squared_gradients(ctx: PruneContext) -> torch.Tensor:

@@ -19,19 +19,16 @@ default is 3) and lambda 0.08. The squared input norms come from a cached dense 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from prunelab.allocation.bounds import check_bound, check_mean, check_targets, mean_weights
 from prunelab.allocation.stats_cache import cached, dense_role_statistics
 from prunelab.calibration import SquaredColumnNorm
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models import ROLES
 from prunelab.scoring.weights import wanda_scores
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
 
 
 def outlier_ratio(scores: Sequence[torch.Tensor], m: float) -> float:

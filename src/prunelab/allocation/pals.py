@@ -23,19 +23,14 @@ kept; the cached histograms serve every percentile, bound and sparsity of a swee
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 
-from prunelab.allocation.bounds import (
-    Band,
-)
+from prunelab.allocation.bounds import Band
 from prunelab.allocation.stats_cache import cached, dense_role_statistics
 from prunelab.calibration.statistics import AbsHistogram, histogram_quantile
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
 
 BINS, LOW, HIGH = 4096, 1e-8, 1e8
 

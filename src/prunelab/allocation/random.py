@@ -12,16 +12,10 @@ the same seed gives the same allocation, another seed another one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from prunelab.allocation.bounds import (
-    Band,
-)
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
+from prunelab.allocation.bounds import Band
+from prunelab.context import PruneContext
 
 
 class RandomAllocation:

@@ -18,16 +18,14 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from prunelab.calibration import LayerSequentialRunner, capture_layer_inputs, collect_linear_inputs
 from prunelab.calibration.statistics import InputStatistic
+from prunelab.context import PruneContext
 from prunelab.models import ROLES, model_identity
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
 
 log = logging.getLogger(__name__)
 

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from prunelab.pruning.base import PruneContext
+from prunelab.context import PruneContext
 
 
 class Uniform:

@@ -16,15 +16,11 @@ tie) are compensated too; reproduce a reference table exactly with `rounding: fl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from prunelab.allocation.base import Allocation
 from prunelab.errors import ConfigError
 from prunelab.pruning.masks import GROUPS, TIES, check_sparsity, parse_sparsity_type
-
-if TYPE_CHECKING:
-    from prunelab.allocation.base import Allocation
 
 ROUNDING = ("carry", "floor")
 PROPAGATE = ("pruned", "dense")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prunelab.pruning.base import PruneContext, PruneReport
+from prunelab.context import PruneContext, PruneReport
 
 
 class Dense:

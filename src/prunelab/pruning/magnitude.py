@@ -18,7 +18,7 @@ import torch
 
 from prunelab.allocation.base import Allocation, allocation_details
 from prunelab.allocation.uniform import Uniform
-from prunelab.pruning.base import PruneContext, PruneReport
+from prunelab.context import PruneContext, PruneReport
 from prunelab.pruning.budget import SparsityBudget, check_method_settings
 from prunelab.pruning.masks import apply_mask, make_mask
 from prunelab.scoring.weights import magnitude_scores

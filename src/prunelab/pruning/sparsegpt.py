@@ -29,9 +29,9 @@ from prunelab.allocation.base import Allocation, allocation_details
 from prunelab.allocation.uniform import Uniform
 from prunelab.calibration import LayerSequentialRunner, capture_layer_inputs, collect_linear_inputs
 from prunelab.calibration.statistics import Hessian
+from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError
 from prunelab.models import ROLES
-from prunelab.pruning.base import PruneContext, PruneReport
 from prunelab.pruning.budget import SparsityBudget, check_method_settings
 from prunelab.pruning.masks import parse_sparsity_type
 from prunelab.pruning.sparsegpt_solver import check_blocking, sparsegpt_solve

@@ -30,9 +30,9 @@ from prunelab.allocation.uniform import Uniform
 from prunelab.calibration import (
     LayerSequentialRunner, SquaredColumnNorm, capture_layer_inputs, collect_linear_inputs,
 )
+from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError
 from prunelab.models import ROLES
-from prunelab.pruning.base import PruneContext, PruneReport
 from prunelab.pruning.budget import SparsityBudget, check_method_settings
 from prunelab.pruning.masks import apply_mask, make_mask, parse_sparsity_type
 from prunelab.scoring.weights import wanda_scores

@@ -59,7 +59,7 @@ def test_perplexity(model: nn.Module, tokenizer) -> float:
 
 def magnitude_pruned(model: nn.Module, sparsity: float) -> nn.Module:
     """Copy of ``model`` pruned by the `pruning=magnitude` method (per-matrix threshold)."""
-    from prunelab.pruning.base import PruneContext
+    from prunelab.context import PruneContext
     from prunelab.pruning.magnitude import Magnitude
 
     pruned = copy.deepcopy(model)
