@@ -55,8 +55,8 @@ def bench(label: str, spec: ModelSpec, method_name: str, nsamples: int, seqlen: 
         samples = calibration_samples(calib, loaded.tokenizer, seed=0)
     method = Wanda() if method_name == "wanda" else SparseGPT()
     ctx = PruneContext(loaded, 0, lambda: samples, progress=True)
-    with measurements.stage("score", model=label, method=method_name):
-        targets = method.score(ctx)
+    with measurements.stage("allocate", model=label, method=method_name):
+        targets = method.allocate(ctx)
     with measurements.stage("prune", model=label, method=method_name):
         method.prune(ctx, targets)
     widest = max(loaded.config.hidden_size, loaded.config.intermediate_size)

@@ -39,8 +39,8 @@ class Magnitude:
         return {"method": self.name, "sparsity": self.sparsity, "sparsity_type": self.sparsity_type,
                 "allocation": self.allocation.name}
 
-    def score(self, ctx: PruneContext) -> list[float]:
-        """|W| is computed per matrix while pruning; this stage runs the allocation."""
+    def allocate(self, ctx: PruneContext) -> list[float]:
+        """Per-layer targets from the allocation policy; |W| is scored per matrix in `prune`."""
         return self.allocation.allocate(self.sparsity, ctx)
 
     @torch.no_grad()

@@ -61,9 +61,9 @@ class SparseGPT:
         return {"method": self.name, "sparsity": self.sparsity, "sparsity_type": self.sparsity_type,
                 "allocation": self.allocation.name}
 
-    def score(self, ctx: PruneContext) -> list[float]:
-        """SparseGPT scores while it prunes (the mask depends on the updated weights); this stage
-        runs the allocation (per-layer targets)."""
+    def allocate(self, ctx: PruneContext) -> list[float]:
+        """Per-layer targets from the allocation policy. SparseGPT scores while it prunes (the mask
+        depends on the updated weights), layer by layer in `prune`."""
         return self.allocation.allocate(self.sparsity, ctx)
 
     def role_batches(self) -> list[tuple[str, ...]]:

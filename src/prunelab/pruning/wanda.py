@@ -85,9 +85,9 @@ class Wanda:
         return {"method": "wanda_variant" if self.use_variant else self.name, "sparsity": self.sparsity,
                 "sparsity_type": self.sparsity_type, "allocation": self.allocation.name}
 
-    def score(self, ctx: PruneContext) -> list[float]:
-        """Wanda's scores depend on the already-pruned earlier layers, so they are computed layer by
-        layer in `prune`; this stage runs the allocation (per-layer targets)."""
+    def allocate(self, ctx: PruneContext) -> list[float]:
+        """Per-layer targets from the allocation policy. Wanda's scores depend on the already-pruned
+        earlier layers, so they are computed layer by layer in `prune`."""
         return self.allocation.allocate(self.sparsity, ctx)
 
     def mask(self, scores: torch.Tensor, ratio: float) -> tuple[torch.Tensor, float | None]:

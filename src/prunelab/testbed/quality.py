@@ -66,7 +66,7 @@ def magnitude_pruned(model: nn.Module, sparsity: float) -> nn.Module:
     loaded = type("Loaded", (), {"adapter": ModelAdapter(pruned), "model": pruned})()
     method = Magnitude(sparsity=sparsity)
     ctx = PruneContext(loaded, seed=0, calibration=lambda: None, progress=False)
-    method.prune(ctx, method.score(ctx))
+    method.prune(ctx, method.allocate(ctx))
     return pruned
 
 
