@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from prunelab.context import PruneContext
+from prunelab.calibration.dense_statistics import DenseStatistics
 
 
 class Uniform:
     name = "uniform"
     details: dict[str, Any] = {}
 
-    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
-        return [target] * ctx.loaded.adapter.num_layers
+    def allocate(self, target: float, stats: DenseStatistics) -> list[float]:
+        return [target] * stats.num_layers

@@ -18,6 +18,7 @@ import torch
 
 from prunelab.allocation.base import Allocation, allocation_details
 from prunelab.allocation.uniform import Uniform
+from prunelab.calibration.dense_statistics import DenseStatistics
 from prunelab.context import PruneContext, PruneReport
 from prunelab.pruning.budget import SparsityBudget, check_method_settings
 from prunelab.pruning.masks import apply_mask, make_mask
@@ -41,7 +42,7 @@ class Magnitude:
 
     def allocate(self, ctx: PruneContext) -> list[float]:
         """Per-layer targets from the allocation policy; |W| is scored per matrix in `prune`."""
-        return self.allocation.allocate(self.sparsity, ctx)
+        return self.allocation.allocate(self.sparsity, DenseStatistics(ctx))
 
     @torch.no_grad()
     def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:

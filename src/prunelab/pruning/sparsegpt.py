@@ -27,8 +27,9 @@ import torch
 
 from prunelab.allocation.base import Allocation, allocation_details
 from prunelab.allocation.uniform import Uniform
-from prunelab.calibration import LayerSequentialRunner, capture_layer_inputs, collect_linear_inputs
-from prunelab.calibration.statistics import Hessian
+from prunelab.calibration.dense_statistics import DenseStatistics
+from prunelab.calibration.passes import layer_pass, role_linears, role_readers
+from prunelab.calibration.statistics import Hessian, collect_linear_inputs
 from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError
 from prunelab.models import ROLES
@@ -64,7 +65,7 @@ class SparseGPT:
     def allocate(self, ctx: PruneContext) -> list[float]:
         """Per-layer targets from the allocation policy. SparseGPT scores while it prunes (the mask
         depends on the updated weights), layer by layer in `prune`."""
-        return self.allocation.allocate(self.sparsity, ctx)
+        return self.allocation.allocate(self.sparsity, DenseStatistics(ctx))
 
     def role_batches(self) -> list[tuple[str, ...]]:
         """Roles whose Hessians are collected in one forward pass, in forward order."""
@@ -73,17 +74,13 @@ class SparseGPT:
     @torch.no_grad()
     def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:
         adapter = ctx.loaded.adapter
-        inputs = capture_layer_inputs(adapter, ctx.calibration(), ctx.batch_size)
-        runner = LayerSequentialRunner(adapter, inputs, propagate=self.propagate, progress=ctx.progress,
-                                       desc="sparsegpt")
         budget = SparsityBudget(self.rounding)
-        for step in runner:
+        for step in layer_pass(adapter, ctx.calibration(), ctx.batch_size, self.propagate, ctx.progress,
+                               desc="sparsegpt"):
             target = layer_targets[step.index]
             for roles in self.role_batches():
-                groups = {role: adapter.linears(step.layer, (role,)) for role in roles}
-                # linears of one role read the same input: one Hessian per role
-                readers = {role: next(iter(g.values())) for role, g in groups.items()}
-                with collect_linear_inputs(readers, Hessian) as hessians:
+                groups = role_linears(adapter, step.layer, roles)
+                with collect_linear_inputs(role_readers(groups), Hessian) as hessians:  # one per role
                     step.forward()
                 for role, group in groups.items():
                     for linear in group.values():
