@@ -105,8 +105,9 @@ class AlphaPruning:
         """Per block, the alpha of each of its linears (cached per model)."""
         @torch.no_grad()
         def compute():
-            return [[powerlaw_alpha(torch.linalg.svdvals(w.float()) ** 2, self.xmin, self.bins, self.peak_window)
-                     for w in weights] for weights in stats.linear_weights()]
+            return [[powerlaw_alpha(torch.linalg.svdvals(w.float()) ** 2, self.xmin, self.bins,
+                                    self.peak_window) for w in weights]
+                    for weights in stats.linear_weights()]
         params = {"xmin": self.xmin, "bins": self.bins, "peak_window": self.peak_window}
         return stats.cached("esd_alpha", params, compute, uses_calibration=False)
 

@@ -2,7 +2,8 @@
 
 A policy reads the dense model's statistics (`calibration.dense_statistics.DenseStatistics`: layer
 sizes, weights, calibration passes, cached) and maps them to sparsities; it never walks the model
-itself. What it measured (outlier ratios, percentiles, gradients, alphas) it leaves in `details` for the record.
+itself. What it measured (outlier ratios, percentiles, gradients, alphas) it leaves in `details`
+for the record.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ class RandomAllocation:
         self.validate(target)
         generator = torch.Generator().manual_seed(int(stats.seed))
         draws = torch.rand(stats.num_layers, generator=generator, dtype=torch.float64)  # [L]
-        targets = self.band.targets(draws.tolist(), target, stats.layer_params(), higher_means_denser=False)
+        targets = self.band.targets(draws.tolist(), target, stats.layer_params(),
+                                    higher_means_denser=False)
         self.details = {"draws": draws.tolist(), "seed": int(stats.seed), **self.band.details()}
         return targets

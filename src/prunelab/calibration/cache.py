@@ -2,10 +2,10 @@
 
 A sweep over ratios and policies on one model, data set and calibration seed measures the dense
 model the same way every time; the statistics are stored under `<cache_dir>/allocation/` (the folder
-name predates this module and is kept so existing caches stay valid) keyed by the model's identity, a
-hash of the calibration tensor (for data-aware statistics) and the statistic's name and parameters.
-Files are written atomically (temporary file, then os.replace). With `ctx.cache_dir` None nothing is
-cached.
+name predates this module and is kept so existing caches stay valid) keyed by the model's identity,
+a hash of the calibration tensor (for data-aware statistics) and the statistic's name and
+parameters. Files are written atomically (temporary file, then os.replace). With `ctx.cache_dir`
+None nothing is cached.
 """
 
 from __future__ import annotations

@@ -43,12 +43,14 @@ class DenseStatistics:
 
     def linear_weights(self) -> list[list[torch.Tensor]]:
         """Per layer, the weights ([out, in]) of its linears in forward order."""
-        return [[lin.weight for lin in self.adapter.linears(layer).values()] for layer in self.adapter.layers]
+        adapter = self.adapter
+        return [[lin.weight for lin in adapter.linears(layer).values()] for layer in adapter.layers]
 
     def role_weights(self) -> list[dict[str, list[torch.Tensor]]]:
         """Per layer, role -> the weights of the linears reading that role's input."""
-        return [{role: [lin.weight for lin in self.adapter.linears(layer, (role,)).values()] for role in ROLES}
-                for layer in self.adapter.layers]
+        adapter = self.adapter
+        return [{role: [lin.weight for lin in adapter.linears(layer, (role,)).values()]
+                 for role in ROLES} for layer in adapter.layers]
 
     def layer_params(self) -> list[int]:
         """Prunable weights of each decoder layer (its linears)."""
@@ -72,15 +74,17 @@ class DenseStatistics:
             make = partial(AbsHistogram, bins=bins, low=low, high=high)
             stats = self._role_pass(make, "dense pass: activation histograms")
             return torch.stack([sum(s.counts for s in layer.values()) for layer in stats])  # [L, bins+2]
-        return self.cached("abs_activation_histogram", {"bins": bins, "low": low, "high": high}, compute)
+        params = {"bins": bins, "low": low, "high": high}
+        return self.cached("abs_activation_histogram", params, compute)
 
     def squared_gradients(self) -> torch.Tensor:
         """[layers] sum over calibration sequences of the squared LM-loss gradients of each layer's
         linear weights (one sequence per backward pass)."""
         def compute():
-            return squared_weight_gradients(self.adapter.model, self.linear_weights(), self.ctx.calibration(),
-                                            self.ctx.progress)
-        return self.cached("linear_weight_gradient_sq", {"loss": "next_token_ce", "per": "sequence"}, compute)
+            return squared_weight_gradients(self.adapter.model, self.linear_weights(),
+                                            self.ctx.calibration(), self.ctx.progress)
+        params = {"loss": "next_token_ce", "per": "sequence"}
+        return self.cached("linear_weight_gradient_sq", params, compute)
 
     def _role_pass(self, make_statistic: Callable, desc: str) -> list[dict]:
         return dense_role_statistics(self.adapter, self.ctx.calibration(), make_statistic,

@@ -43,8 +43,8 @@ def next_token_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
 
 
-def squared_weight_gradients(model: nn.Module, weights: list[list[torch.Tensor]], samples: torch.Tensor,
-                             progress: bool = True) -> torch.Tensor:
+def squared_weight_gradients(model: nn.Module, weights: list[list[torch.Tensor]],
+                             samples: torch.Tensor, progress: bool = True) -> torch.Tensor:
     """[groups] sum over sequences of the squared loss gradients of each group's weights.
 
     weights: one list of weight tensors per group (per decoder layer: its linears' weights);

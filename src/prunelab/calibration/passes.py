@@ -1,7 +1,7 @@
 """Layer-sequential passes over the calibration set: the set-up every data-aware stage shares.
 
-`layer_pass` captures what decoder layer 0 receives and returns the runner over the layers: Wanda and
-SparseGPT propagate the pruned outputs, dense statistics and hidden states the dense ones.
+`layer_pass` captures what decoder layer 0 receives and returns the runner over the layers: Wanda
+and SparseGPT propagate the pruned outputs, dense statistics and hidden states the dense ones.
 `role_linears` groups a layer's linears by role; the linears of one role read the same input, so
 `role_readers` hooks one of them per role. `dense_role_statistics` is the dense pass behind the
 allocation policies' statistics: one input statistic per role and layer.
@@ -24,8 +24,8 @@ def layer_pass(adapter: ModelAdapter, samples: torch.Tensor, batch_size: int = 1
                layers: Sequence[int] | None = None) -> LayerSequentialRunner:
     """The runner over the decoder layers, fed with the calibration samples ([N, T] token ids)."""
     inputs = capture_layer_inputs(adapter, samples, batch_size)
-    return LayerSequentialRunner(adapter, inputs, propagate=propagate, layers=layers, progress=progress,
-                                 desc=desc)
+    return LayerSequentialRunner(adapter, inputs, propagate=propagate, layers=layers,
+                                 progress=progress, desc=desc)
 
 
 def role_linears(adapter: ModelAdapter, layer: nn.Module, roles: Sequence[str] = ROLES
@@ -47,7 +47,8 @@ def dense_role_statistics(adapter: ModelAdapter, samples: torch.Tensor,
     """Per decoder layer, one statistic per role's input, from a dense pass over the calibration."""
     per_layer: list[dict[str, InputStatistic]] = []
     for step in layer_pass(adapter, samples, batch_size, "dense", progress, desc):
-        with collect_linear_inputs(role_readers(role_linears(adapter, step.layer)), make_statistic) as stats:
+        readers = role_readers(role_linears(adapter, step.layer))
+        with collect_linear_inputs(readers, make_statistic) as stats:
             step.forward()
         per_layer.append(stats)
     return per_layer

@@ -8,8 +8,8 @@ Quirks: the reference prunes every score <= the k-th smallest (k + 1 entries, pl
 faithful default prunes exactly k, `ties: reference` prunes like the reference. `rounding: carry`
 (the default) keeps the overall sparsity on target under non-uniform allocations and compensates the
 extra zeros, `rounding: floor` is the reference's per-layer rounding (see `pruning.budget`). Only
-`ties: reference` with `rounding: floor` reproduces the reference's masks
-(measured: 0 differing mask entries that way, 125 to 309 with `ties: reference` alone). Select with `pruning=magnitude`.
+`ties: reference` with `rounding: floor` reproduces the reference's masks (measured: 0 differing
+mask entries that way, 125 to 309 with `ties: reference` alone). Select with `pruning=magnitude`.
 """
 
 from __future__ import annotations

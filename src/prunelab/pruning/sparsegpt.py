@@ -15,7 +15,8 @@ Settings and reference quirks: `group: block128` is the reference's adaptive mas
 `matrix` choose one mask up front); `ties: reference` prunes with the per-block threshold quirk
 (every score <= the k-th smallest: k + 1 entries and all ties; `exact`, the default, prunes k), but
 only `ties: reference` with `rounding: floor` reproduces the reference's masks (`rounding: carry`
-compensates the extra zeros) (measured: 0 differing mask entries that way, 125 to 309 with `ties: reference` alone);
+compensates the extra zeros; measured: 0 differing mask entries that way, 125 to 309 with
+`ties: reference` alone);
 `true_sequential: true` prunes q,k,v -> o -> gate,up -> down with fresh statistics between groups
 (the IST-DASLab option; off in the reference runs, as in the Wanda repository);
 `propagate: dense` feeds dense outputs forward; `rounding: floor` passes layer targets unchanged.
@@ -77,12 +78,13 @@ class SparseGPT:
     def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:
         adapter = ctx.loaded.adapter
         budget = SparsityBudget(self.rounding)
-        for step in layer_pass(adapter, ctx.calibration(), ctx.batch_size, self.propagate, ctx.progress,
-                               desc="sparsegpt"):
+        steps = layer_pass(adapter, ctx.calibration(), ctx.batch_size, self.propagate, ctx.progress,
+                           desc="sparsegpt")
+        for step in steps:
             target = layer_targets[step.index]
             for roles in self.role_batches():
                 groups = role_linears(adapter, step.layer, roles)
-                with collect_linear_inputs(role_readers(groups), Hessian) as hessians:  # one per role
+                with collect_linear_inputs(role_readers(groups), Hessian) as hessians:  # one Hessian per role
                     step.forward()
                 for role, group in groups.items():
                     for linear in group.values():

@@ -16,7 +16,7 @@ Reference quirk not reproduced: a row where no cumulative sum fits gathers index
 score) and is pruned entirely; here such a row keeps every weight.
 Quirk switches: `ties: reference` (prune every score <= the k-th smallest, as magnitude; only with
 `rounding: floor` does it reproduce the reference's masks, as `rounding: carry` compensates the
-extra zeros (measured: 0 differing mask entries that way, 125 to 309 with `ties: reference` alone));
+extra zeros; measured: 0 differing mask entries that way, 125 to 309 with `ties: reference` alone);
 `propagate: dense` feeds the next layer the dense outputs; `rounding: floor` passes each layer's
 target to the mask unchanged (see `pruning.budget`).
 """
@@ -102,8 +102,9 @@ class Wanda:
         adapter = ctx.loaded.adapter
         budget = SparsityBudget(self.rounding)
         alphas: dict[str, float] = {}
-        for step in layer_pass(adapter, ctx.calibration(), ctx.batch_size, self.propagate, ctx.progress,
-                               desc="wanda"):
+        steps = layer_pass(adapter, ctx.calibration(), ctx.batch_size, self.propagate, ctx.progress,
+                           desc="wanda")
+        for step in steps:
             target = layer_targets[step.index]
             groups = role_linears(adapter, step.layer)
             with collect_linear_inputs(role_readers(groups), SquaredColumnNorm) as norms:

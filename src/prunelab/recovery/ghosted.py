@@ -23,7 +23,9 @@ import torch
 from prunelab.errors import ConfigError
 from prunelab.models.boundary_operators import BoundaryOperator, attach
 from prunelab.recovery.base import RecoveryContext
-from prunelab.recovery.boundary import calibration_subset, collect, contiguous_blocks, depth_report, site_of
+from prunelab.recovery.boundary import (
+    calibration_subset, collect, contiguous_blocks, depth_report, site_of,
+)
 
 log = logging.getLogger(__name__)
 
