@@ -9,18 +9,18 @@ import pytest
 import torch
 from tiny import VOCAB
 
-import prunelab.pruning  # noqa: F401  first: importing prunelab.allocation first hits an import cycle
-from prunelab.allocation import stats_cache
 from prunelab.allocation.alpha import AlphaPruning, alpha_sparsities, powerlaw_alpha
 from prunelab.allocation.bounds import centred_band
 from prunelab.allocation.gradient import GradientAllocation
 from prunelab.allocation.owl import OWL, outlier_ratio, owl_sparsities
 from prunelab.allocation.pals import PALS
 from prunelab.allocation.random import RandomAllocation
+from prunelab.calibration import passes
+from prunelab.calibration.dense_statistics import DenseStatistics
 from prunelab.calibration.statistics import AbsHistogram, histogram_quantile
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.report import sparsity_report
 from prunelab.pruning.sparsegpt import SparseGPT
 from prunelab.pruning.wanda import Wanda
@@ -108,7 +108,7 @@ def test_policy_bounds_mean_details_and_measured_overall_sparsity(tiny_model_dir
     policy = POLICIES[name]()
     ctx = context(tiny_model_dirs["llama"], cache_dir=tmp_path)
     method = Wanda(sparsity=S, allocation=policy)
-    targets = method.score(ctx)
+    targets = method.allocate(ctx)
     low, high = band(policy, S)
     assert len(targets) == 4 and all(low - 1e-9 <= t <= high + 1e-9 for t in targets)
     assert len(set(round(t, 9) for t in targets)) > 1  # not uniform on a random model
@@ -124,15 +124,16 @@ def test_policy_bounds_mean_details_and_measured_overall_sparsity(tiny_model_dir
 def test_allocation_with_sparsegpt_meets_the_overall_target(tiny_model_dirs):
     ctx = context(tiny_model_dirs["gpt_neox"], seed=2)
     method = SparseGPT(sparsity=0.6, allocation=RandomAllocation(bound=0.1))
-    report = method.prune(ctx, method.score(ctx))
+    report = method.prune(ctx, method.allocate(ctx))
     assert abs(sparsity_report(ctx.loaded.adapter, report.layer_targets)["overall"] - 0.6) <= 0.001
 
 
 def test_random_allocation_follows_the_seed(tiny_model_dirs):
     ctx0, ctx1 = context(tiny_model_dirs["llama"], seed=0), context(tiny_model_dirs["llama"], seed=1)
     policy = RandomAllocation()
-    assert policy.allocate(S, ctx0) == policy.allocate(S, ctx0)
-    assert policy.allocate(S, ctx0) != policy.allocate(S, ctx1)
+    stats0, stats1 = DenseStatistics(ctx0), DenseStatistics(ctx1)
+    assert policy.allocate(S, stats0) == policy.allocate(S, stats0)
+    assert policy.allocate(S, stats0) != policy.allocate(S, stats1)
 
 
 def test_same_seed_same_masks_with_a_data_aware_allocation(tiny_model_dirs):
@@ -140,34 +141,34 @@ def test_same_seed_same_masks_with_a_data_aware_allocation(tiny_model_dirs):
     for _ in range(2):
         ctx = context(tiny_model_dirs["llama"], seed=5)
         method = Wanda(sparsity=S, allocation=PALS())
-        method.prune(ctx, method.score(ctx))
+        method.prune(ctx, method.allocate(ctx))
         masks.append([lin.weight == 0 for lin in ctx.loaded.adapter.prunable_linears().values()])
     assert all(torch.equal(a, b) for a, b in zip(*masks))
 
 
 def test_dense_statistics_are_cached_once_per_model_and_data(tiny_model_dirs, tmp_path, monkeypatch):
     ctx = context(tiny_model_dirs["llama"], cache_dir=tmp_path)
-    passes = []
-    dense_pass = stats_cache.dense_role_statistics
-    monkeypatch.setattr("prunelab.allocation.owl.dense_role_statistics",
-                        lambda *a, **k: passes.append(1) or dense_pass(*a, **k))
-    first = OWL(lam=0.08).allocate(S, ctx)
-    second = OWL(lam=0.05).allocate(0.6, ctx)  # another setting of the sweep: no new dense pass
-    assert len(passes) == 1 and len(list((tmp_path / "allocation").glob("squared_column_norm-*.pt"))) == 1
+    seen = []
+    dense_pass = passes.dense_role_statistics
+    monkeypatch.setattr("prunelab.calibration.dense_statistics.dense_role_statistics",
+                        lambda *a, **k: seen.append(1) or dense_pass(*a, **k))
+    first = OWL(lam=0.08).allocate(S, DenseStatistics(ctx))
+    second = OWL(lam=0.05).allocate(0.6, DenseStatistics(ctx))  # another setting of the sweep: no new pass
+    assert len(seen) == 1 and len(list((tmp_path / "allocation").glob("squared_column_norm-*.pt"))) == 1
     assert max(first) - min(first) == pytest.approx(0.16) and max(second) - min(second) == pytest.approx(0.1)
     other = context(tiny_model_dirs["llama"], seed=9, cache_dir=tmp_path)  # other calibration data
-    OWL().allocate(S, other)
-    assert len(passes) == 2
-    OWL().allocate(S, context(tiny_model_dirs["llama"]))  # cache_dir None: computed, nothing written
-    assert len(passes) == 3 and len(list((tmp_path / "allocation").iterdir())) == 2
+    OWL().allocate(S, DenseStatistics(other))
+    assert len(seen) == 2
+    OWL().allocate(S, DenseStatistics(context(tiny_model_dirs["llama"])))  # no cache_dir: nothing written
+    assert len(seen) == 3 and len(list((tmp_path / "allocation").iterdir())) == 2
 
 
 def test_dense_pass_propagates_dense_outputs(tiny_model_dirs, monkeypatch):
     seen = []
-    runner = stats_cache.LayerSequentialRunner
-    monkeypatch.setattr(stats_cache, "LayerSequentialRunner",
+    runner = passes.LayerSequentialRunner
+    monkeypatch.setattr(passes, "LayerSequentialRunner",
                         lambda *a, **k: seen.append(k["propagate"]) or runner(*a, **k))
-    PALS().allocate(S, context(tiny_model_dirs["llama"]))
+    PALS().allocate(S, DenseStatistics(context(tiny_model_dirs["llama"])))
     assert seen == ["dense"]
 
 

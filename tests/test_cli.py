@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from prunelab.cli import CONF_DIR, build_setup, check_overrides, group_options
 from prunelab.errors import ConfigError
+from prunelab.pruning.base import first_stage
 
 GROUPS = ["model", "data", "pruning", "pruning/allocation", "recovery", "evaluation", "tracking"]
 
@@ -40,6 +41,8 @@ def test_every_group_option_composes_and_builds(group, option, text_file, tmp_pa
         overrides.append("pruning=depth")  # these recoveries repair removed layers
     setup = build_setup(compose_config(overrides))
     assert setup.signature and setup.record_file.name == "result.json"
+    stage, _ = first_stage(setup.pruning)  # named for its work: depth pruning scores, the rest allocate
+    assert stage == ("score" if setup.pruning.name == "depth" else "allocate")
 
 
 @pytest.mark.parametrize("experiment", group_options("experiment"))
@@ -96,7 +99,9 @@ def test_cli_run_writes_a_complete_record_and_resumes(tiny_model_dirs, text_file
                   "parameters", "sparsity", "metrics"):
         assert record[field] is not None, field
     assert {"git_sha", "git_dirty", "libraries", "hardware"} <= record["environment"].keys()
-    assert {"load", "dense_eval", "score", "prune", "recover", "evaluate", "total"} <= record["timings"].keys()
+    stages = {"load", "dense_eval", "allocate", "prune", "recover", "evaluate", "total"}
+    assert stages <= record["timings"].keys()
+    assert "score" not in record["timings"]  # weight pruning allocates; only depth pruning scores
     dense = record["metrics"]["dense"]["ppl/local_text/token"]
     pruned = record["metrics"]["pruned"]["ppl/local_text/token"]
     assert dense["protocol"] == pruned["protocol"] and dense["protocol"]["seqlen"] == 32

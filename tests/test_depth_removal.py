@@ -7,8 +7,8 @@ import torch
 from tiny import ARCHS, VOCAB
 from transformers import AutoModelForCausalLM
 
+from prunelab.context import PruneContext
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.depth import DepthPruning
 from prunelab.pruning.report import parameter_counts
 from prunelab.pruning.scorers.block_influence import BlockInfluence

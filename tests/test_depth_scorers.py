@@ -8,9 +8,9 @@ import pytest
 import torch
 from tiny import VOCAB
 
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.depth import DepthPruning
 from prunelab.pruning.scorers.angular import AngularDistance
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest

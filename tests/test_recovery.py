@@ -10,13 +10,13 @@ from tiny import ARCHS, VOCAB
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext, PruneReport
+from prunelab.models.boundary_operators import apply_saved_boundary_operators, save_recovered
 from prunelab.pruning.report import parameter_counts
 from prunelab.recovery.base import RecoveryContext
-from prunelab.recovery.boundary import (apply_saved_boundary_operators, contiguous_blocks, save_recovered,
-                                       site_of)
+from prunelab.recovery.boundary import contiguous_blocks, site_of
 from prunelab.recovery.ghosted import Ghosted, operator_boundaries
 from prunelab.recovery.hadamard import dct_basis, hadamard_matrix, rotation
 from prunelab.recovery.linear_patch import AbsMeans, LinearPatch, linear_patch_matrix, linear_patch_scale

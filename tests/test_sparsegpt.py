@@ -9,9 +9,9 @@ from tiny import VOCAB, assert_nm_pattern
 
 import prunelab.pruning  # noqa: F401  first: importing prunelab.allocation first hits an import cycle
 from prunelab.calibration.statistics import Hessian
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.sparsegpt import SparseGPT
 from prunelab.pruning.sparsegpt_solver import sparsegpt_solve
 from prunelab.pruning.wanda import Wanda
@@ -139,7 +139,7 @@ def test_reconstruction_error_on_calibration_inputs_is_lower_than_wandas(tiny_mo
         layer0 = ctx.loaded.adapter.linears(ctx.loaded.adapter.layers[0])
         dense = {k: lin.weight.detach().clone() for k, lin in layer0.items()}  # [out, in] each
         inputs = linear_inputs(ctx)  # [tokens, in] each
-        method.prune(ctx, method.score(ctx))
+        method.prune(ctx, method.allocate(ctx))
         pruned[method.name] = {k: lin.weight.detach() for k, lin in layer0.items()}
     for name, x in inputs.items():
         error = {m: float(((x @ dense[name].T - x @ w[name].T) ** 2).sum()) for m, w in pruned.items()}
@@ -154,7 +154,7 @@ def test_nm_pattern_holds_on_every_row_of_every_linear(tiny_model_dirs, arch, pa
     n, m = map(int, pattern.split(":"))
     ctx = context(tiny_model_dirs[arch])
     method = SparseGPT(sparsity=n / m, sparsity_type=pattern, true_sequential=true_sequential)
-    method.prune(ctx, method.score(ctx))
+    method.prune(ctx, method.allocate(ctx))
     assert_nm_pattern(ctx.loaded.adapter, n, m)
 
 
@@ -163,7 +163,7 @@ def test_unstructured_on_a_model_is_deterministic_and_true_sequential_changes_it
     for true_sequential in (False, False, True):
         ctx = context(tiny_model_dirs["llama"], seed=1)
         method = SparseGPT(sparsity=0.5, true_sequential=true_sequential)
-        report = method.prune(ctx, method.score(ctx))
+        report = method.prune(ctx, method.allocate(ctx))
         weights.append({k: lin.weight.clone() for k, lin in ctx.loaded.adapter.prunable_linears().items()})
         for lin in ctx.loaded.adapter.prunable_linears().values():
             assert float((lin.weight == 0).float().mean()) == 0.5

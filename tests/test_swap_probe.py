@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from tiny import VOCAB
 
 from prunelab.calibration import capture_layer_inputs
-from prunelab.models import ModelSpec, load_model
 from prunelab.errors import ConfigError
+from prunelab.models import ModelSpec, load_model
 from prunelab.probes.swap import SwapProbe, interchange_order, layer_scores, replacement_order, token_kl
 from prunelab.pruning.selectors import select_lowest, select_nonadjacent
 
@@ -89,7 +89,7 @@ def test_scores_and_greedy_removal_without_adjacent_layers():
 
 @pytest.mark.parametrize("protocol", ["interchange", "replacement"])
 def test_swap_scorers_guide_depth_pruning(tiny_model_dirs, protocol):
-    from prunelab.pruning.base import PruneContext
+    from prunelab.context import PruneContext
     from prunelab.pruning.depth import DepthPruning
     from prunelab.pruning.scorers.swap import SwapKL
 

@@ -9,9 +9,9 @@ from tiny import VOCAB, assert_nm_pattern
 import prunelab.pruning  # noqa: F401  first: importing prunelab.allocation first hits an import cycle
 from prunelab.allocation.owl import OWL
 from prunelab.calibration import SquaredColumnNorm
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.budget import SparsityBudget
 from prunelab.pruning.masks import unstructured_mask
 from prunelab.pruning.wanda import Wanda, wanda_variant_mask
@@ -90,7 +90,7 @@ def test_layer0_masks_match_scores_from_the_dense_inputs(tiny_model_dirs):
         norm_sq = (x.float() ** 2).sum(dim=1).mean(dim=0)  # [in]
         expected[name] = unstructured_mask(lin.weight.abs() * norm_sq.sqrt(), 0.5, "row")
     method = Wanda(sparsity=0.5)
-    method.prune(ctx, method.score(ctx))
+    method.prune(ctx, method.allocate(ctx))
     for name, lin in linears.items():
         assert torch.equal(lin.weight == 0, expected[name]), name
 
@@ -101,7 +101,7 @@ def test_nm_pattern_holds_on_every_row_of_every_linear(tiny_model_dirs, arch, pa
     n, m = map(int, pattern.split(":"))
     ctx = context(tiny_model_dirs[arch])
     method = Wanda(sparsity=n / m, sparsity_type=pattern)
-    method.prune(ctx, method.score(ctx))
+    method.prune(ctx, method.allocate(ctx))
     assert_nm_pattern(ctx.loaded.adapter, n, m)
 
 
@@ -110,7 +110,7 @@ def test_same_seed_same_masks_and_dense_propagation_differs(tiny_model_dirs):
     for propagate in ("pruned", "pruned", "dense"):
         ctx = context(tiny_model_dirs["llama"], seed=3)
         method = Wanda(sparsity=0.5, propagate=propagate)
-        method.prune(ctx, method.score(ctx))
+        method.prune(ctx, method.allocate(ctx))
         masks.append({k: lin.weight == 0 for k, lin in ctx.loaded.adapter.prunable_linears().items()})
     assert all(torch.equal(masks[0][k], masks[1][k]) for k in masks[0])
     assert not all(torch.equal(masks[0][k], masks[2][k]) for k in masks[0] if k.startswith("layers.3"))
@@ -119,7 +119,7 @@ def test_same_seed_same_masks_and_dense_propagation_differs(tiny_model_dirs):
 def test_variant_runs_on_a_model_and_records_alpha(tiny_model_dirs):
     ctx = context(tiny_model_dirs["llama"])
     method = Wanda(sparsity=0.5, use_variant=True)
-    report = method.prune(ctx, method.score(ctx))
+    report = method.prune(ctx, method.allocate(ctx))
     assert method.labels()["method"] == "wanda_variant"
     assert len(report.details["variant_alpha"]) == len(ctx.loaded.adapter.prunable_linears())
     assert all(0.0 <= a <= 0.8 for a in report.details["variant_alpha"].values())

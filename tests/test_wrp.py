@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from prunelab.context import PruneContext
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.depth import DepthPruning
 from prunelab.pruning.scorers.wrp import WeightRedundancy
 from prunelab.scoring.wrp import gram_cka, raw_cosine, redundancy_scores, relative_scale, wrp_matrix

@@ -24,10 +24,10 @@ import torch
 
 from prunelab.benchmark import StageMeasurements, keep_unmeasured_rows
 from prunelab.calibration import capture_layer_inputs
+from prunelab.context import PruneContext
 from prunelab.data import CalibrationSpec, calibration_samples
 from prunelab.models import ModelSpec, load_model
 from prunelab.probes.swap import SwapProbe
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.depth import DepthPruning
 from prunelab.recovery.base import RecoveryContext
 

@@ -19,9 +19,9 @@ import pandas as pd
 import torch
 
 from prunelab.benchmark import StageMeasurements, keep_unmeasured_rows, layer_sequential_bound
+from prunelab.context import PruneContext
 from prunelab.data import CalibrationSpec, calibration_samples
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.sparsegpt import SparseGPT
 from prunelab.pruning.wanda import Wanda
 
@@ -55,8 +55,8 @@ def bench(label: str, spec: ModelSpec, method_name: str, nsamples: int, seqlen: 
         samples = calibration_samples(calib, loaded.tokenizer, seed=0)
     method = Wanda() if method_name == "wanda" else SparseGPT()
     ctx = PruneContext(loaded, 0, lambda: samples, progress=True)
-    with measurements.stage("score", model=label, method=method_name):
-        targets = method.score(ctx)
+    with measurements.stage("allocate", model=label, method=method_name):
+        targets = method.allocate(ctx)
     with measurements.stage("prune", model=label, method=method_name):
         method.prune(ctx, targets)
     widest = max(loaded.config.hidden_size, loaded.config.intermediate_size)

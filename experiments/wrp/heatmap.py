@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from prunelab.analysis.plots import plot_matrix, save_figure
+from prunelab.context import PruneContext
 from prunelab.models import ModelSpec, load_model
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.scorers.base import ScoreRequest
 from prunelab.pruning.scorers.wrp import WeightRedundancy
 

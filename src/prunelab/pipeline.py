@@ -1,4 +1,8 @@
-"""One run: load -> score -> prune -> recover -> evaluate, timed, recorded, tracked.
+"""One run: load -> allocate or score -> prune -> recover -> evaluate, timed, recorded, tracked.
+
+The stage before `prune` is named for its work (`pruning.base.first_stage`): weight pruning
+allocates per-layer target sparsities, depth pruning scores layers; the record's `timings` use
+that name.
 
 The pipeline never sees architecture details (those live in `models/`) nor Hydra config objects
 (those stop at `cli`). Whatever happens, the run ends with one `result.json`; a failure records the
@@ -24,14 +28,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from prunelab.context import PruneContext
 from prunelab.data import CalibrationSpec, DataSpec, TokenCache, calibration_samples
 from prunelab.evaluation import EvaluationSpec, PerplexityEvaluator
 from prunelab.evaluation.metrics import Metric
 from prunelab.models import LoadedModel, ModelSpec, load_model, model_identity
-from prunelab.pruning.base import PruneContext, PruningMethod
+from prunelab.models.boundary_operators import save_recovered
+from prunelab.pruning.base import PruningMethod, first_stage
 from prunelab.pruning.report import parameter_counts, sparsity_report
 from prunelab.recovery.base import Recovery, RecoveryContext
-from prunelab.recovery.boundary import save_recovered
 from prunelab.tracking import Tracker, config_signature, is_completed, read_record, record_path, write_record
 from prunelab.tracking.environment import environment, peak_memory
 from prunelab.tracking.record import SCHEMA_VERSION
@@ -171,10 +176,11 @@ def run(setup: RunSetup) -> dict[str, Any]:
 
         ctx = PruneContext(loaded, setup.seed, calibration, setup.calibration_batch_size, setup.progress,
                            setup.cache_dir)
-        with clock("score"):
-            scores = setup.pruning.score(ctx)
+        stage, plan = first_stage(setup.pruning)
+        with clock(stage):
+            planned = plan(ctx)  # layer targets (allocate) or layer scores (score)
         with clock("prune"):
-            report = setup.pruning.prune(ctx, scores)
+            report = setup.pruning.prune(ctx, planned)
         with clock("recover"):
             recovery = setup.recovery.recover(RecoveryContext(ctx, report))
         record["sparsity"] = sparsity_report(loaded.adapter, report.layer_targets)

@@ -24,16 +24,12 @@ S everywhere.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
-from prunelab.allocation.bounds import check_mean, check_targets, layer_params, mean_weights
-from prunelab.allocation.stats_cache import cached
+from prunelab.allocation.bounds import check_mean, check_targets, mean_weights
+from prunelab.calibration.dense_statistics import DenseStatistics
 from prunelab.errors import ConfigError
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
 
 XMIN_RULES = ("peak", "mid")
 WINDOWS = ("exact", "reference")
@@ -105,24 +101,23 @@ class AlphaPruning:
         self.bins, self.peak_window = bins, peak_window
         self.details: dict = {}
 
-    def alphas(self, ctx: PruneContext) -> list[list[float]]:
+    def alphas(self, stats: DenseStatistics) -> list[list[float]]:
         """Per block, the alpha of each of its linears (cached per model)."""
-        adapter = ctx.loaded.adapter
-
         @torch.no_grad()
         def compute():
-            return [[powerlaw_alpha(torch.linalg.svdvals(lin.weight.float()) ** 2, self.xmin, self.bins,
-                                    self.peak_window) for lin in adapter.linears(layer).values()]
-                    for layer in adapter.layers]
+            return [[powerlaw_alpha(torch.linalg.svdvals(w.float()) ** 2, self.xmin, self.bins,
+                                    self.peak_window) for w in weights]
+                    for weights in stats.linear_weights()]
         params = {"xmin": self.xmin, "bins": self.bins, "peak_window": self.peak_window}
-        return cached(ctx, "esd_alpha", params, compute, uses_calibration=False)
+        return stats.cached("esd_alpha", params, compute, uses_calibration=False)
 
-    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
-        per_linear = self.alphas(ctx)
+    def allocate(self, target: float, stats: DenseStatistics) -> list[float]:
+        per_linear = self.alphas(stats)
         block = [sum(a) / len(a) for a in per_linear]
-        weights = mean_weights(ctx, self.mean)
+        layer_params = stats.layer_params()
+        weights = mean_weights(layer_params, self.mean)
         targets = check_targets(alpha_sparsities(block, target, self.epsilon, weights), target, weights,
                                 self.name)
         self.details = {"alphas": block, "linear_alphas": per_linear, "epsilon": self.epsilon,
-                        "mean": self.mean, "xmin": self.xmin, "layer_params": layer_params(ctx)}
+                        "mean": self.mean, "xmin": self.xmin, "layer_params": layer_params}
         return targets

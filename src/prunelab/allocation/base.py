@@ -1,22 +1,23 @@
 """The allocation contract: per-layer sparsities whose mean is the target.
 
-A policy may look at the dense model and the calibration data (`ctx.calibration()`); what it
-measured (outlier ratios, percentiles, gradients, alphas) it leaves in `details` for the record.
+A policy reads the dense model's statistics (`calibration.dense_statistics.DenseStatistics`: layer
+sizes, weights, calibration passes, cached) and maps them to sparsities; it never walks the model
+itself. What it measured (outlier ratios, percentiles, gradients, alphas) it leaves in `details`
+for the record.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # pruning.base imports the methods, which import allocations
-    from prunelab.pruning.base import PruneContext
+from prunelab.calibration.dense_statistics import DenseStatistics
 
 
 class Allocation(Protocol):
     name: str
     details: dict[str, Any]
 
-    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
+    def allocate(self, target: float, stats: DenseStatistics) -> list[float]:
         """One sparsity per decoder layer."""
 
 

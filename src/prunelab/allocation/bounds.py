@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from prunelab.errors import ConfigError
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +39,10 @@ def check_band(target: float, low: float, high: float, policy: str) -> None:
                           "outside [0, 1): lower the bound or the sparsity")
 
 
-def layer_params(ctx: PruneContext) -> list[int]:
-    """Prunable weights of each decoder layer (its linears)."""
-    adapter = ctx.loaded.adapter
-    return [sum(lin.weight.numel() for lin in adapter.linears(layer).values()) for layer in adapter.layers]
-
-
-def mean_weights(ctx: PruneContext, mean: str) -> torch.Tensor:
-    """[layers] weights summing to 1 that define the policy's mean."""
-    counts = torch.tensor(layer_params(ctx), dtype=torch.float64)  # [L]
+def mean_weights(layer_params: Sequence[int], mean: str) -> torch.Tensor:
+    """[layers] weights summing to 1 that define the policy's mean; layer_params: [layers] prunable
+    weights of each layer (`DenseStatistics.layer_params`)."""
+    counts = torch.tensor(list(layer_params), dtype=torch.float64)  # [L]
     if mean == "plain":
         counts = torch.ones_like(counts)
     return counts / counts.sum()  # [L]
@@ -108,9 +99,9 @@ class Band:
     def validate(self, target: float) -> None:
         check_band(target, target - self.bound, target + self.bound, self.policy)
 
-    def targets(self, values: Sequence[float], target: float, ctx: PruneContext,
+    def targets(self, values: Sequence[float], target: float, layer_params: Sequence[int],
                 higher_means_denser: bool = True) -> list[float]:
-        weights = mean_weights(ctx, self.mean)
+        weights = mean_weights(layer_params, self.mean)
         return check_targets(centred_band(values, target, self.bound, weights, higher_means_denser),
                              target, weights, self.policy)
 

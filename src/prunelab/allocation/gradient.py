@@ -11,41 +11,16 @@ Select with `pruning/allocation=gradient` (conf/pruning/allocation/gradient.yaml
 
 One sequence per backward pass keeps the statistic independent of the calibration batch size.
 Memory: a full forward and backward of the model plus one gradient per linear weight (as large as
-the linears themselves); the gradients are cached per model and calibration data.
+the linears themselves); the gradients (`DenseStatistics.squared_gradients` in
+`calibration.dense_statistics`) are cached per model and calibration data.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-from tqdm.auto import tqdm
 
-from prunelab.allocation.bounds import Band, layer_params
-from prunelab.allocation.stats_cache import cached
-from prunelab.calibration.gradients import gradients_for, next_token_loss
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
-
-
-def squared_gradients(ctx: PruneContext) -> torch.Tensor:
-    """[layers] sum over sequences of the squared loss gradients of each block's linear weights."""
-    adapter = ctx.loaded.adapter
-    model = adapter.model
-    samples = ctx.calibration()  # [N, T]
-    linears = [list(adapter.linears(layer).values()) for layer in adapter.layers]
-    device = model.get_input_embeddings().weight.device
-    total = torch.zeros(len(linears), dtype=torch.float64)  # [L]
-    with gradients_for(model, (lin.weight for layer in linears for lin in layer)):
-        for ids in tqdm(samples.split(1), desc="gradient: dense backward", disable=not ctx.progress,
-                        leave=False):
-            next_token_loss(model, ids.to(device)).backward()  # ids [1, T]
-            for index, layer in enumerate(linears):
-                for lin in layer:
-                    total[index] += float(lin.weight.grad.double().pow(2).sum())
-                    lin.weight.grad = None
-    return total
+from prunelab.allocation.bounds import Band
+from prunelab.calibration.dense_statistics import DenseStatistics
 
 
 class GradientAllocation:
@@ -56,13 +31,13 @@ class GradientAllocation:
         self.validate = self.band.validate
         self.details: dict = {}
 
-    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
+    def allocate(self, target: float, stats: DenseStatistics) -> list[float]:
         self.validate(target)
-        squared = cached(ctx, "linear_weight_gradient_sq", {"loss": "next_token_ce", "per": "sequence"},
-                         lambda: squared_gradients(ctx))  # [L]
-        sequences = ctx.calibration().shape[0]
-        params = torch.tensor(layer_params(ctx), dtype=torch.float64)  # [L]
+        squared = stats.squared_gradients()  # [L]
+        sequences = stats.calibration_sequences()
+        layer_params = stats.layer_params()
+        params = torch.tensor(layer_params, dtype=torch.float64)  # [L]
         gradients = (squared / (sequences * params)).sqrt().tolist()
-        targets = self.band.targets(gradients, target, ctx)
+        targets = self.band.targets(gradients, target, layer_params)
         self.details = {"gradients": gradients, **self.band.details()}
         return targets

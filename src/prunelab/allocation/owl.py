@@ -13,25 +13,20 @@ lambda from S (as in the reference). `mean: plain` (the reference) takes the pla
 `mean: params` the parameter-weighted one. Reference quirk not reproduced: equal outlier ratios
 divide by zero (NaN); here every block gets S. The reference's README runs use M = 5 (its argparse
 default is 3) and lambda 0.08. The squared input norms come from a cached dense pass
-(`allocation.stats_cache`), so a sweep over M, lambda and S reuses them.
+(`DenseStatistics.squared_input_norms` in `calibration.dense_statistics`), so a sweep over M,
+lambda and S reuses them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from prunelab.allocation.bounds import check_bound, check_mean, check_targets, mean_weights
-from prunelab.allocation.stats_cache import cached, dense_role_statistics
-from prunelab.calibration import SquaredColumnNorm
+from prunelab.calibration.dense_statistics import DenseStatistics
 from prunelab.errors import ConfigError
-from prunelab.models import ROLES
 from prunelab.scoring.weights import wanda_scores
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
 
 
 def outlier_ratio(scores: Sequence[torch.Tensor], m: float) -> float:
@@ -66,22 +61,14 @@ class OWL:
         self.outlier_m, self.lam, self.mean = outlier_m, lam, mean
         self.details: dict = {}
 
-    def norms(self, ctx: PruneContext) -> list[dict[str, torch.Tensor]]:
-        """Per layer, role -> [in] squared input norms of the dense model (cached)."""
-        def compute():
-            stats = dense_role_statistics(ctx, SquaredColumnNorm, desc="owl: dense pass")
-            return [{role: s.value.cpu() for role, s in layer.items()} for layer in stats]
-        return cached(ctx, "squared_column_norm", {}, compute)
-
     @torch.no_grad()
-    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
-        adapter = ctx.loaded.adapter
+    def allocate(self, target: float, stats: DenseStatistics) -> list[float]:
         ratios = []
-        for layer, norms in zip(adapter.layers, self.norms(ctx)):
-            scores = [wanda_scores(lin.weight, norms[role])  # [out, in]
-                      for role in ROLES for lin in adapter.linears(layer, (role,)).values()]
+        for by_role, norms in zip(stats.role_weights(), stats.squared_input_norms()):
+            scores = [wanda_scores(w, norms[role])  # [out, in]
+                      for role, weights in by_role.items() for w in weights]
             ratios.append(outlier_ratio(scores, self.outlier_m))
-        weights = mean_weights(ctx, self.mean)
+        weights = mean_weights(stats.layer_params(), self.mean)
         targets = check_targets(owl_sparsities(ratios, target, self.lam, weights), target, weights, self.name)
         self.details = {"outlier_ratios": ratios, "outlier_m": self.outlier_m, "lam": self.lam,
                         "mean": self.mean}

@@ -22,20 +22,10 @@ kept; the cached histograms serve every percentile, bound and sparsity of a swee
 
 from __future__ import annotations
 
-from functools import partial
-from typing import TYPE_CHECKING
-
-import torch
-
-from prunelab.allocation.bounds import (
-    Band,
-)
-from prunelab.allocation.stats_cache import cached, dense_role_statistics
-from prunelab.calibration.statistics import AbsHistogram, histogram_quantile
+from prunelab.allocation.bounds import Band
+from prunelab.calibration.dense_statistics import DenseStatistics
+from prunelab.calibration.statistics import histogram_quantile
 from prunelab.errors import ConfigError
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
 
 BINS, LOW, HIGH = 4096, 1e-8, 1e8
 
@@ -50,18 +40,10 @@ class PALS:
         self.validate = self.band.validate
         self.details: dict = {}
 
-    def histograms(self, ctx: PruneContext) -> torch.Tensor:
-        """[layers, bins + 2] counts of |activation| entering each block's linears (cached)."""
-        def compute():
-            make = partial(AbsHistogram, bins=BINS, low=LOW, high=HIGH)
-            stats = dense_role_statistics(ctx, make, desc="pals: dense pass")
-            return torch.stack([sum(s.counts for s in layer.values()) for layer in stats])  # [L, bins+2]
-        return cached(ctx, "abs_activation_histogram", {"bins": BINS, "low": LOW, "high": HIGH}, compute)
-
-    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
+    def allocate(self, target: float, stats: DenseStatistics) -> list[float]:
         self.validate(target)
-        counts = self.histograms(ctx)  # [L, bins + 2]
+        counts = stats.abs_histograms(BINS, LOW, HIGH)  # [L, bins + 2], cached
         percentiles = [histogram_quantile(c, self.percentile / 100.0, LOW, HIGH) for c in counts]
-        targets = self.band.targets(percentiles, target, ctx)
+        targets = self.band.targets(percentiles, target, stats.layer_params())
         self.details = {"percentiles": percentiles, "percentile": self.percentile, **self.band.details()}
         return targets

@@ -2,7 +2,7 @@
 
 PALS (the seed paper) reports that gradient-magnitude allocation does worse than random allocation;
 this policy makes that claim testable.
-1. Draw one uniform number per block with a generator seeded by the run's seed (`ctx.seed`).
+1. Draw one uniform number per block with a generator seeded by the run's seed (`stats.seed`).
 2. Map the draws affinely into [S - bound, S + bound] (bound 0.05) with the mean (`mean: plain` or
    `params`) exactly S (`allocation.bounds.centred_band`).
 3. All linears of a block share its sparsity.
@@ -12,16 +12,10 @@ the same seed gives the same allocation, another seed another one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from prunelab.allocation.bounds import (
-    Band,
-)
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
+from prunelab.allocation.bounds import Band
+from prunelab.calibration.dense_statistics import DenseStatistics
 
 
 class RandomAllocation:
@@ -32,10 +26,11 @@ class RandomAllocation:
         self.validate = self.band.validate
         self.details: dict = {}
 
-    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
+    def allocate(self, target: float, stats: DenseStatistics) -> list[float]:
         self.validate(target)
-        generator = torch.Generator().manual_seed(int(ctx.seed))
-        draws = torch.rand(ctx.loaded.adapter.num_layers, generator=generator, dtype=torch.float64)  # [L]
-        targets = self.band.targets(draws.tolist(), target, ctx, higher_means_denser=False)
-        self.details = {"draws": draws.tolist(), "seed": int(ctx.seed), **self.band.details()}
+        generator = torch.Generator().manual_seed(int(stats.seed))
+        draws = torch.rand(stats.num_layers, generator=generator, dtype=torch.float64)  # [L]
+        targets = self.band.targets(draws.tolist(), target, stats.layer_params(),
+                                    higher_means_denser=False)
+        self.details = {"draws": draws.tolist(), "seed": int(stats.seed), **self.band.details()}
         return targets

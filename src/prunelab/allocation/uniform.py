@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from prunelab.pruning.base import PruneContext
+from prunelab.calibration.dense_statistics import DenseStatistics
 
 
 class Uniform:
     name = "uniform"
     details: dict[str, Any] = {}
 
-    def allocate(self, target: float, ctx: PruneContext) -> list[float]:
-        return [target] * ctx.loaded.adapter.num_layers
+    def allocate(self, target: float, stats: DenseStatistics) -> list[float]:
+        return [target] * stats.num_layers

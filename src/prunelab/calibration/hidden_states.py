@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from prunelab.calibration.runner import LayerSequentialRunner, batched, capture_layer_inputs
+from prunelab.calibration.passes import layer_pass
+from prunelab.calibration.runner import batched
 from prunelab.models.adapter import ModelAdapter
 from prunelab.scoring.layers import RunningMean, nll_from_logits
 
@@ -24,8 +25,7 @@ def iter_hidden_states(adapter: ModelAdapter, samples: torch.Tensor, batch_size:
                        progress: bool = True, desc: str = "hidden states",
                        ) -> Iterator[tuple[int, list[torch.Tensor]]]:
     """Yield (l, h_l) for l = 0..L; h_l is a list of per-batch [B, T, C] tensors."""
-    inputs = capture_layer_inputs(adapter, samples, batch_size)
-    runner = LayerSequentialRunner(adapter, inputs, propagate="dense", progress=progress, desc=desc)
+    runner = layer_pass(adapter, samples, batch_size, "dense", progress, desc)
     for step in runner:
         yield step.index, step.inputs.hidden
     yield adapter.num_layers, runner.outputs.hidden
@@ -127,11 +127,10 @@ def boundary_activations(adapter: ModelAdapter, samples: torch.Tensor,
             del starts[s]
             mlp.pop(s - 1, None)
 
-    inputs = capture_layer_inputs(adapter, samples, batch_size)
     last = max(e for _, e in boundaries)
     want_mlp = {s - 1 for s, _ in boundaries} if mlp_outputs else set()
-    runner = LayerSequentialRunner(adapter, inputs, propagate="dense", progress=progress,
-                                   layers=range(min(last, adapter.num_layers)), desc="boundary states")
+    runner = layer_pass(adapter, samples, batch_size, "dense", progress, "boundary states",
+                        layers=range(min(last, adapter.num_layers)))
     for step in runner:
         yield from deliver(step.index, step.inputs.hidden)
         if step.index in want_mlp:

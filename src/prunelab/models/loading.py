@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from prunelab.models.adapter import ModelAdapter
 from prunelab.models.architectures import architecture_for
+from prunelab.models.boundary_operators import apply_saved_boundary_operators
 from prunelab.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,6 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None) -> LoadedMo
     if spec.device_map is None:
         model.to(device)
     model.eval()
-    from prunelab.recovery.boundary import apply_saved_boundary_operators  # recovery imports models
-
     apply_saved_boundary_operators(model, source)  # Ghosted / LinearPatch operators saved with it
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer or source, **hub_kwargs)
     return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, source)

@@ -1,60 +1,62 @@
-"""The contract between the pipeline and a pruning method.
+"""The contract between the pipeline and a pruning method: a first stage named for its work, then
+`prune`. The pipeline times and records each stage under its name.
 
-A method scores (weights or layers) and then prunes; data-aware sequential methods (SparseGPT)
-do both per layer inside `prune` and return nothing from `score`. Calibration samples are drawn
-lazily, so data-free methods never touch a data set.
+- Weight pruning (magnitude, Wanda, SparseGPT, dense): `allocate(ctx)` returns the target sparsity
+  of each decoder layer (the allocation policy, with any dense calibration pass it needs); `prune`
+  then scores and masks the weights. Wanda's and SparseGPT's scores depend on the already-pruned
+  earlier layers (and SparseGPT's mask on its updated weights), so they are computed layer by layer
+  inside `prune`.
+- Layer removal (depth pruning): `score(ctx)` rates the dense model's layers (SLEB also searches
+  its removal order there); `prune` selects the layers and removes them.
+
+The context read and the report returned are `prunelab.context.PruneContext` and `PruneReport`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-import torch
-from torch import nn
-
-from prunelab.models.loading import LoadedModel
+from prunelab.context import PruneContext, PruneReport
+from prunelab.pruning.scorers.base import LayerScores
 
 
-@dataclass
-class PruneContext:
-    loaded: LoadedModel
-    seed: int
-    calibration: Callable[[], torch.Tensor]  # -> [nsamples, seqlen] token ids, drawn on first call
-    batch_size: int = 1
-    progress: bool = True
-    cache_dir: Path | None = None  # for dense statistics shared across a sweep (allocation inputs)
-
-
-@dataclass
-class PruneReport:
-    """What a method did, for the record.
-
-    Attributes:
-        layer_targets: target sparsity of each decoder layer (weight pruning), or None.
-        removed_layers: indices of removed decoder layers (depth pruning), or empty.
-        details: method-specific output for the record (JSON-able: layer scores, allocation
-            inputs, similarity matrices).
-        dense_layers: depth pruning keeps the unpruned layer list here, so a recovery can compute
-            the dense model's boundary activations (`adapter.layers_replaced(dense_layers)`).
-    """
-
-    layer_targets: list[float] | None = None
-    removed_layers: list[int] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
-    dense_layers: list[nn.Module] | None = None
-
-
-class PruningMethod(Protocol):
+@runtime_checkable
+class WeightPruning(Protocol):
     name: str
 
     def labels(self) -> dict[str, Any]:
         """Short labels for tables (method, sparsity, sparsity_type, allocation, ...)."""
 
-    def score(self, ctx: PruneContext) -> Any:
-        """Importance scores, or None for methods that score while pruning."""
+    def allocate(self, ctx: PruneContext) -> list[float]:
+        """One target sparsity per decoder layer."""
 
-    def prune(self, ctx: PruneContext, scores: Any) -> PruneReport:
-        """Modify ctx.loaded.model in place."""
+    def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:
+        """Score and mask the weights of ctx.loaded.model in place."""
+
+
+@runtime_checkable
+class LayerRemoval(Protocol):
+    name: str
+
+    def labels(self) -> dict[str, Any]:
+        """Short labels for tables (method, scorer, selector, layers_removed)."""
+
+    def score(self, ctx: PruneContext) -> LayerScores:
+        """Importance of the dense model's layers (or blocks, or a removal order)."""
+
+    def prune(self, ctx: PruneContext, scores: LayerScores) -> PruneReport:
+        """Select the layers to remove and remove them from ctx.loaded.model."""
+
+
+PruningMethod = WeightPruning | LayerRemoval
+
+
+def first_stage(method: PruningMethod) -> tuple[str, Callable[[PruneContext], Any]]:
+    """The stage before `prune` and its name: ("allocate", method.allocate) for weight pruning,
+    ("score", method.score) for layer removal."""
+    if isinstance(method, WeightPruning):
+        return "allocate", method.allocate
+    if isinstance(method, LayerRemoval):
+        return "score", method.score
+    raise TypeError(f"{type(method).__name__} has neither allocate(ctx) nor score(ctx)")

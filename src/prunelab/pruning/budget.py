@@ -9,22 +9,19 @@ remainder to the next linear, so the overall sparsity over all pruned linears en
 rounding unit of the last linear (well inside 0.001). `rounding: floor` passes each layer's target
 to the mask unchanged, as the reference code does.
 
-At a uniform 0.5 both agree bit for bit (every count is exact). Note that `carry` measures zeros
-after pruning, so extra zeros (SparseGPT's dead inputs, `ties: reference` pruning k + 1 and every
-tie) are compensated too; reproduce a reference table exactly with `rounding: floor`.
+At a uniform 0.5 with `ties: exact` both agree bit for bit (every count is exact). Note that `carry`
+measures zeros after pruning, so extra zeros (SparseGPT's dead inputs, `ties: reference` pruning
+k + 1 and every tie) are compensated too: only `ties: reference` with `rounding: floor` reproduces
+the reference's masks (measured: 0 differing mask entries that way, 125 to 309 otherwise).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from prunelab.allocation.base import Allocation
 from prunelab.errors import ConfigError
 from prunelab.pruning.masks import GROUPS, TIES, check_sparsity, parse_sparsity_type
-
-if TYPE_CHECKING:
-    from prunelab.allocation.base import Allocation
 
 ROUNDING = ("carry", "floor")
 PROPAGATE = ("pruned", "dense")

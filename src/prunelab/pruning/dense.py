@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prunelab.pruning.base import PruneContext, PruneReport
+from prunelab.context import PruneContext, PruneReport
 
 
 class Dense:
@@ -13,8 +13,8 @@ class Dense:
     def labels(self) -> dict[str, Any]:
         return {"method": "dense", "sparsity": 0.0}
 
-    def score(self, ctx: PruneContext) -> None:
-        return None
+    def allocate(self, ctx: PruneContext) -> list[float]:
+        return [0.0] * ctx.loaded.adapter.num_layers
 
-    def prune(self, ctx: PruneContext, scores: None) -> PruneReport:
-        return PruneReport(layer_targets=[0.0] * ctx.loaded.adapter.num_layers)
+    def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:
+        return PruneReport(layer_targets=list(layer_targets))

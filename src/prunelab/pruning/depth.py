@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError
-from prunelab.pruning.base import PruneContext, PruneReport
 from prunelab.pruning.scorers.base import LayerScorer, LayerScores, ScoreRequest
 from prunelab.pruning.selectors import SELECTORS, check_removable, protected_layers, select
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prunelab.pruning.base import PruneContext, PruneReport
+from prunelab.context import PruneContext, PruneReport
 
 
 @dataclass

@@ -10,7 +10,7 @@ contiguous block and one per removed layer otherwise (each fitted on the unprune
 order, as the reference does); `per_block` / `per_layer` force either. Unlike the reference, a block
 starting at layer 0 gets its operator on the embeddings' output and a block ending at the last layer
 gets it before the final norm. The C x C operators are not mergeable into a down projection; they
-are stored beside the checkpoint (`recovery.boundary.save_recovered`).
+are stored beside the checkpoint (`models.boundary_operators.save_recovered`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any
 import torch
 
 from prunelab.errors import ConfigError
+from prunelab.models.boundary_operators import BoundaryOperator, attach
 from prunelab.recovery.base import RecoveryContext
 from prunelab.recovery.boundary import (
-    BoundaryOperator, attach, calibration_subset, collect, contiguous_blocks, depth_report, site_of,
+    calibration_subset, collect, contiguous_blocks, depth_report, site_of,
 )
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,10 @@ from typing import Any
 import torch
 
 from prunelab.errors import ConfigError
+from prunelab.models.boundary_operators import BoundaryOperator, attach
 from prunelab.recovery.base import RecoveryContext
 from prunelab.recovery.boundary import (
-    BoundaryOperator, attach, calibration_subset, collect, contiguous_blocks, depth_report, site_of,
+    calibration_subset, collect, contiguous_blocks, depth_report, site_of,
 )
 from prunelab.recovery.hadamard import rotation
 

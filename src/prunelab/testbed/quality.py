@@ -59,14 +59,14 @@ def test_perplexity(model: nn.Module, tokenizer) -> float:
 
 def magnitude_pruned(model: nn.Module, sparsity: float) -> nn.Module:
     """Copy of ``model`` pruned by the `pruning=magnitude` method (per-matrix threshold)."""
-    from prunelab.pruning.base import PruneContext
+    from prunelab.context import PruneContext
     from prunelab.pruning.magnitude import Magnitude
 
     pruned = copy.deepcopy(model)
     loaded = type("Loaded", (), {"adapter": ModelAdapter(pruned), "model": pruned})()
     method = Magnitude(sparsity=sparsity)
     ctx = PruneContext(loaded, seed=0, calibration=lambda: None, progress=False)
-    method.prune(ctx, method.score(ctx))
+    method.prune(ctx, method.allocate(ctx))
     return pruned
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from prunelab.calibration.hidden_states import block_term_means
+from prunelab.context import PruneContext
 from prunelab.errors import check_choice
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
 from prunelab.scoring.layers import TOKEN_SETS, angular_distance, select_tokens
 

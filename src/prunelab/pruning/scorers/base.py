@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from prunelab.pruning.base import PruneContext
+from prunelab.context import PruneContext
 
 
 @dataclass(frozen=True)

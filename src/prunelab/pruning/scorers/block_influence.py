@@ -12,8 +12,8 @@ Quirk: the LinearPatch and Ghosted code call `cosine_similarity` with its defaul
 from __future__ import annotations
 
 from prunelab.calibration.hidden_states import iter_hidden_states, iter_state_pairs
+from prunelab.context import PruneContext
 from prunelab.errors import check_choice
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
 from prunelab.scoring.layers import COSINE_DIMS, RunningMean, cosine_terms
 

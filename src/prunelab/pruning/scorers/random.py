@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from prunelab.pruning.base import PruneContext
+from prunelab.context import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from prunelab.calibration.gradients import gradients_for, next_token_loss
 from prunelab.calibration.hidden_states import calibration_nll, progress_bar
 from prunelab.calibration.runner import batched
-from prunelab.pruning.base import PruneContext
+from prunelab.context import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
 from prunelab.scoring.layers import taylor_importance, weight_magnitude
 

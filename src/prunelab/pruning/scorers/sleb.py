@@ -14,7 +14,7 @@ NLLs, None for the first and last block.
 from __future__ import annotations
 
 from prunelab.calibration.hidden_states import calibration_nll, progress_bar
-from prunelab.pruning.base import PruneContext
+from prunelab.context import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
 
 

@@ -13,8 +13,8 @@ Quirk: the LinearPatch / Ghosted code compute this cosine with dim=1 on [B, T, C
 from __future__ import annotations
 
 from prunelab.calibration.hidden_states import block_term_means
+from prunelab.context import PruneContext
 from prunelab.errors import check_choice
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
 from prunelab.scoring.layers import COSINE_DIMS, cosine_terms
 

@@ -13,9 +13,9 @@ Both matrices, the per-pair gap (replacement - interchange) and the probe's cost
 from __future__ import annotations
 
 from prunelab.calibration import capture_layer_inputs
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.probes.swap import POSITIONS, REDUCTIONS, SwapProbe, layer_scores
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
 
 PROTOCOLS = ("interchange", "replacement")

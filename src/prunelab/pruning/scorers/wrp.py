@@ -11,8 +11,8 @@ Select with `pruning=depth pruning/scorer=wrp` (`form: gram | raw`). No data, no
 
 from __future__ import annotations
 
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
-from prunelab.pruning.base import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest, json_floats
 from prunelab.scoring.wrp import FORMS, redundancy_scores, wrp_matrix
 

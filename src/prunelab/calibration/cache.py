@@ -1,13 +1,11 @@
-"""Dense statistics for allocation policies: one dense pass, computed once, cached on disk.
+"""On-disk cache of dense-model statistics: computed once, reused across a sweep.
 
 A sweep over ratios and policies on one model, data set and calibration seed measures the dense
-model the same way every time; the statistics are stored under `<cache_dir>/allocation/` keyed by
-the model's identity, a hash of the calibration tensor (for data-aware statistics) and the
-statistic's name and parameters. Files are written atomically (temporary file, then os.replace).
-With `ctx.cache_dir` None nothing is cached.
-
-The dense pass itself runs through the layer-sequential runner with `propagate="dense"`, hooking
-one linear per role (the linears of a role read the same input).
+model the same way every time; the statistics are stored under `<cache_dir>/allocation/` (the folder
+name predates this module and is kept so existing caches stay valid) keyed by the model's identity,
+a hash of the calibration tensor (for data-aware statistics) and the statistic's name and
+parameters. Files are written atomically (temporary file, then os.replace). With `ctx.cache_dir`
+None nothing is cached.
 """
 
 from __future__ import annotations
@@ -18,16 +16,12 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from prunelab.calibration import LayerSequentialRunner, capture_layer_inputs, collect_linear_inputs
-from prunelab.calibration.statistics import InputStatistic
-from prunelab.models import ROLES, model_identity
-
-if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
-    from prunelab.pruning.base import PruneContext
+from prunelab.context import PruneContext
+from prunelab.models import model_identity
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +64,3 @@ def cached(ctx: PruneContext, statistic: str, params: dict[str, Any], compute: C
         torch.save(value, tmp)
         os.replace(tmp, path)
     return value
-
-
-@torch.no_grad()
-def dense_role_statistics(ctx: PruneContext, make_statistic: Callable[..., InputStatistic],
-                          desc: str = "dense statistics") -> list[dict[str, InputStatistic]]:
-    """Per decoder layer, one statistic per role's input, from a dense pass over the calibration."""
-    adapter = ctx.loaded.adapter
-    inputs = capture_layer_inputs(adapter, ctx.calibration(), ctx.batch_size)
-    runner = LayerSequentialRunner(adapter, inputs, propagate="dense", progress=ctx.progress, desc=desc)
-    per_layer: list[dict[str, InputStatistic]] = []
-    for step in runner:
-        readers = {role: next(iter(adapter.linears(step.layer, (role,)).values())) for role in ROLES}
-        with collect_linear_inputs(readers, make_statistic) as stats:
-            step.forward()
-        per_layer.append(stats)
-    return per_layer
