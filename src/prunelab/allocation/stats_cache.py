@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ import torch
 
 from prunelab.calibration import LayerSequentialRunner, capture_layer_inputs, collect_linear_inputs
 from prunelab.calibration.statistics import InputStatistic
+from prunelab.files import atomic_write
 from prunelab.models import ROLES, model_identity
 
 if TYPE_CHECKING:  # runtime import would close a cycle: pruning -> magnitude -> allocation
@@ -65,10 +65,7 @@ def cached(ctx: PruneContext, statistic: str, params: dict[str, Any], compute: C
             log.warning("ignoring unreadable cache file %s (%s)", path, err)
     value = compute()
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save(value, tmp)
-        os.replace(tmp, path)
+        atomic_write(path, lambda handle: torch.save(value, handle), "the allocation cache")
     return value
 
 

@@ -11,6 +11,8 @@ Per-window (token) or per-document (word) NLLs are kept for paired statistics.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import re
@@ -21,8 +23,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from prunelab.data import sources
-from prunelab.data.tokens import TokenCache, eval_token_stream, tokenizer_fingerprint
-from prunelab.errors import ConfigError
+from prunelab.data.tokens import TokenCache, eval_token_stream, tensor_sha256, tokenizer_fingerprint
+from prunelab.errors import ConfigError, DataUnavailableError
 from prunelab.evaluation.metrics import Metric
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,9 @@ class PerplexitySpec:
             raise ConfigError(f"evaluation.perplexity.protocols: unknown {bad}; known: token, word")
         if self.seqlen < 2 or self.batch_size < 1:
             raise ConfigError("evaluation.perplexity needs seqlen >= 2 and batch_size >= 1")
+        if self.max_windows is not None and self.max_windows < 1:
+            raise ConfigError(f"evaluation.perplexity.max_windows={self.max_windows}: use null (all) "
+                              "or a number >= 1")
 
 
 def effective_seqlen(model, seqlen: int) -> int:
@@ -69,7 +74,8 @@ def window_nlls(model, ids: torch.Tensor, seqlen: int, batch_size: int = 1,
     if max_windows is not None:
         n = min(n, max_windows)
     if n == 0:
-        raise ValueError(f"{ids.shape[1]} tokens: not one window of {seqlen}")
+        raise DataUnavailableError(f"the evaluation text has {ids.shape[1]} tokens: not one window "
+                                   f"of {seqlen}; use more text or a smaller evaluation.perplexity.seqlen")
     device = model.get_input_embeddings().weight.device
     windows = ids[0, : n * seqlen].view(n, seqlen)  # [n, T]
     nlls: list[float] = []
@@ -116,7 +122,8 @@ class PerplexityEvaluator:
         self.progress = progress
 
     def protocol_stamps(self, model, tokenizer) -> dict[str, dict]:
-        """Stamps that identify every metric this evaluator would produce (the dense-cache key)."""
+        """Stamps that identify every metric this evaluator would produce (the dense-cache key),
+        down to the sha256 of the evaluated tokens (token protocol) or documents (word)."""
         seqlen = effective_seqlen(model, self.spec.seqlen)
         return {
             f"ppl/{corpus}/{kind}": {
@@ -124,9 +131,21 @@ class PerplexityEvaluator:
                 "split": "validation" if corpus == "c4" else "test", "seqlen": seqlen,
                 "max_windows": self.spec.max_windows, "tokenizer": tokenizer_fingerprint(tokenizer),
                 "corpus_version": sources.corpus_version(corpus, self.paths),
+                "content_sha256": self._content_sha256(corpus, kind, tokenizer, seqlen),
             }
             for corpus in self.corpora for kind in self.spec.protocols
         }
+
+    def _content_sha256(self, corpus: str, kind: str, tokenizer, seqlen: int) -> str:
+        """sha256 of exactly what would be evaluated: the windows' token ids or the documents."""
+        if kind == "token":
+            ids = eval_token_stream(corpus, tokenizer, seqlen, self.paths, self.cache)
+            n = ids.shape[1] // seqlen
+            if self.spec.max_windows is not None:
+                n = min(n, self.spec.max_windows)
+            return tensor_sha256(ids[:, : n * seqlen])[:32]
+        docs = sources.word_perplexity_documents(corpus, self.paths)[: self.spec.max_windows]
+        return hashlib.sha256(json.dumps(docs).encode()).hexdigest()[:32]
 
     def evaluate(self, model, tokenizer) -> dict[str, Metric]:
         results: dict[str, Metric] = {}
