@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from prunelab.pruning.report import parameter_counts, sparsity_report
 from prunelab.recovery.base import Recovery, RecoveryContext
 from prunelab.recovery.boundary import save_recovered
 from prunelab.files import check_writable
+from prunelab.recovery.plain_loading import save_for_plain_loading
 from prunelab.interrupts import catch_termination
 from prunelab.tracking import Tracker, config_signature, is_completed, read_record, record_path
 from prunelab.tracking.keep import write_keeping_completed
@@ -214,8 +216,9 @@ def _run(setup: RunSetup) -> dict[str, Any]:
             record["metrics"]["pruned"] = {k: m.to_dict() for k, m in evaluate_all(evaluators, loaded).items()}
         if setup.save_model:
             with clock("save"):
+                save = partial(save_for_plain_loading, save=save_recovered)  # recovery/plain_loading.py
                 record["saved_model"] = str(save_model_folder(
-                    loaded.model, loaded.tokenizer, path.parent / "model", save_recovered))
+                    loaded.model, loaded.tokenizer, path.parent / "model", save))
         record["status"] = "completed"
     except BaseException as err:
         record["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
