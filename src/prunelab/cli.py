@@ -68,6 +68,22 @@ def check_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> None:
                 raise ConfigError(f"unknown {group} option {option!r}{hint} (available: {', '.join(options)})")
 
 
+def check_composes(overrides: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """A single run's overrides compose (Hydra's own error is several lines): a ConfigError of one.
+    Skipped for multirun and Hydra flags, whose values Hydra checks per job."""
+    if any(o.startswith("-") for o in overrides):
+        return
+    overrides = [o for o in overrides if not o.startswith("hydra")]
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            compose("config", overrides=overrides)
+    except Exception as err:  # Hydra's override and composition errors
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()][:2]
+        raise ConfigError(" ".join(lines) or type(err).__name__) from None
+
+
 def build(node: Any, where: str) -> Any:
     """Instantiate one config group; a bad or unused key is a ConfigError naming the group."""
     try:
@@ -201,6 +217,7 @@ def main() -> None:
               "checkout or set PRUNELAB_CONF")
     try:
         check_overrides(argv)
+        check_composes(argv)
     except ConfigError as err:
         _fail(str(err))
     hydra_entry()

@@ -86,7 +86,7 @@ def _read_checked(path: Path, recipe_json: str) -> tuple[torch.Tensor | None, st
 
 def encode(tokenizer, text: str) -> torch.Tensor:
     """[1, L] token ids, special tokens as the tokenizer adds them (the references' behaviour)."""
-    return tokenizer(text, return_tensors="pt").input_ids
+    return tokenizer(text, return_tensors="pt", verbose=False).input_ids  # long on purpose: no warning
 
 
 def calibration_samples(

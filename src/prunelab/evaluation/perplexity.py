@@ -92,7 +92,7 @@ def rolling_document_nll(model, tokenizer, text: str, max_length: int) -> float:
     """Total NLL of a document scored in lm-eval's disjoint rolling windows."""
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-    tokens = tokenizer(text, add_special_tokens=False).input_ids
+    tokens = tokenizer(text, add_special_tokens=False, verbose=False).input_ids
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     device = model.get_input_embeddings().weight.device
     total = 0.0

@@ -33,7 +33,12 @@ GIB = 1024**3
 
 
 def guarded(what: str, source: str, call: Callable[[], Any]) -> Any:
-    """call(), with any loading failure turned into one line: `cannot load <what> from <source>`."""
+    """call(), with any loading failure turned into one line: `cannot load <what> from <source>`.
+    transformers' own load report is silenced: `check_loaded_weights` says the same in one line."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
         return call()
     except PrunelabError:
@@ -43,6 +48,8 @@ def guarded(what: str, source: str, call: Callable[[], Any]) -> Any:
         offline = any(w in str(err) for w in ("offline", "couldn't connect", "Connection", "resolve"))
         hint = "; offline? set HF_HUB_OFFLINE=1 with a cached model, or give a local path" if offline else ""
         raise ModelCheckError(f"cannot load {what} from {source}: {first[:300]}{hint}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def parameter_count(config) -> int:
