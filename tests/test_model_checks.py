@@ -111,3 +111,11 @@ def test_cli_one_line_for_a_calibration_seqlen_beyond_the_context(tiny_model_dir
     assert "exceeds the model's context" in result.stderr.strip().splitlines()[-1]
     debug = run_cli(args + ["runtime.debug=true"], tmp_path)
     assert debug.returncode != 0 and "Traceback" in debug.stderr  # the debug switch
+
+
+def test_hydra_override_errors_are_one_config_error_and_sweeps_are_left_to_hydra():
+    from prunelab.cli import check_composes
+
+    with pytest.raises(ConfigError, match="Could not override 'pruning.typo_key'"):
+        check_composes(["pruning.typo_key=1"])
+    check_composes(["pruning=magnitude,wanda", "sweep=seeds3"])  # a sweep: composed per job

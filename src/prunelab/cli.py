@@ -75,8 +75,11 @@ def check_composes(overrides: list[str], conf_dir: Path = CONF_DIR) -> None:
         return
     overrides = [o for o in overrides if not o.startswith("hydra")]
     from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
+        if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides)):
+            return  # a sweep (pruning=a,b): Hydra composes each job
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             compose("config", overrides=overrides)
     except Exception as err:  # Hydra's override and composition errors

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from prunelab.models.adapter import ModelAdapter
 from prunelab.errors import ModelCheckError
+from prunelab.models.adapter import ModelAdapter
 from prunelab.models.architectures import architecture_for
 from prunelab.models.checks import check_finite, check_loaded_weights, check_memory, guarded
 from prunelab.models.identity import identity_digest, weight_file_hashes
