@@ -23,10 +23,11 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from prunelab.errors import ConfigError, PrunelabError
+from prunelab.interrupts import exit_code
 from prunelab.pipeline import RunSetup, run
 
 log = logging.getLogger("prunelab")
@@ -67,6 +68,25 @@ def check_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> None:
                 raise ConfigError(f"unknown {group} option {option!r}{hint} (available: {', '.join(options)})")
 
 
+def check_composes(overrides: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """A single run's overrides compose (Hydra's own error is several lines): a ConfigError of one.
+    Skipped for multirun and Hydra flags, whose values Hydra checks per job."""
+    if any(o.startswith("-") for o in overrides):
+        return
+    overrides = [o for o in overrides if not o.startswith("hydra")]
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides)):
+            return  # a sweep (pruning=a,b): Hydra composes each job
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            compose("config", overrides=overrides)
+    except Exception as err:  # Hydra's override and composition errors
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()][:2]
+        raise ConfigError(" ".join(lines) or type(err).__name__) from None
+
+
 def build(node: Any, where: str) -> Any:
     """Instantiate one config group; a bad or unused key is a ConfigError naming the group."""
     try:
@@ -79,14 +99,39 @@ def build(node: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {message}") from None
 
 
+def check_runtime(cfg: DictConfig) -> None:
+    """Numbers that must be sensible before anything runs."""
+    threads = cfg.runtime.threads
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"runtime.threads={threads}: use null (torch's default) or a number >= 1")
+    if not isinstance(cfg.seed, int) or cfg.seed < 0:
+        raise ConfigError(f"seed={cfg.seed}: use a whole number >= 0")
+    if cfg.runtime.calibration_batch_size < 1:
+        raise ConfigError("runtime.calibration_batch_size must be >= 1")
+
+
+def relabel_overridden_model(cfg: DictConfig, overrides: list[str]) -> None:
+    """A run whose model.name_or_path is overridden is not labelled as the preset's model: unless
+    model.label is given too, the label becomes the overridden path's last component."""
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    if "model.name_or_path" in keys and "model.label" not in keys and cfg.model.get("label"):
+        with open_dict(cfg):
+            cfg.model.label = None
+
+
 def build_setup(cfg: DictConfig) -> RunSetup:
     try:
         config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as err:
         raise ConfigError(str(err).splitlines()[0]) from None
     runtime = cfg.runtime
+    check_runtime(cfg)
     if runtime.threads:
         torch.set_num_threads(int(runtime.threads))
+    if not runtime.progress:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     try:
         output_dir = Path(HydraConfig.get().runtime.output_dir)
     except ValueError:  # not under Hydra (tests call build_setup directly)
@@ -114,9 +159,16 @@ def build_setup(cfg: DictConfig) -> RunSetup:
     )
 
 
-def _fail(message: str) -> None:
+def debug_enabled(cfg: DictConfig | None = None) -> bool:
+    """PRUNELAB_DEBUG=1 or runtime.debug=true: errors keep their full traceback."""
+    if os.environ.get("PRUNELAB_DEBUG", "") not in ("", "0"):
+        return True
+    return bool(cfg is not None and cfg.get("runtime", {}).get("debug", False))
+
+
+def _fail(message: str, code: int = 2) -> None:
     print(f"prunelab: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(code)
 
 
 #: Runs of this process's multirun that failed and were passed over (`runtime.keep_going`).
@@ -130,8 +182,15 @@ def _in_multirun() -> bool:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_entry(cfg: DictConfig) -> dict[str, Any] | None:
     try:
+        relabel_overridden_model(cfg, list(HydraConfig.get().overrides.task))
         setup = build_setup(cfg)
         record = run(setup)
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (RunInterrupted): the record says interrupted
+        if debug_enabled(cfg):
+            raise
+        _fail(f"interrupted ({getattr(err, 'signal_name', 'SIGINT')}); the record's status is "
+              "interrupted, a relaunch runs it again", exit_code(err))
+        return None
     except Exception as err:
         # One failed setting of a sweep should not cost the rest: its record says failed (stage,
         # error) and a relaunch retries it. A single run fails as usual.
@@ -140,7 +199,7 @@ def hydra_entry(cfg: DictConfig) -> dict[str, Any] | None:
             log.error("run failed, sweep goes on (%s): %s: %s", job, type(err).__name__, err)
             FAILED_JOBS.append(f"{job}: {type(err).__name__}: {err}")
             return None
-        if isinstance(err, PrunelabError):
+        if isinstance(err, PrunelabError) and not debug_enabled(cfg):
             _fail(str(err))
             return None
         raise
@@ -161,6 +220,7 @@ def main() -> None:
               "checkout or set PRUNELAB_CONF")
     try:
         check_overrides(argv)
+        check_composes(argv)
     except ConfigError as err:
         _fail(str(err))
     hydra_entry()

@@ -11,8 +11,6 @@ stage it happened in and the error, then re-raises.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import random
 import shutil
@@ -21,6 +19,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,14 +29,20 @@ import torch
 
 from prunelab.context import PruneContext
 from prunelab.data import CalibrationSpec, DataSpec, TokenCache, calibration_samples
-from prunelab.evaluation import EvaluationSpec, PerplexityEvaluator
+from prunelab.evaluation import EvaluationSpec, PerplexityEvaluator, dense_cache
 from prunelab.evaluation.metrics import Metric
-from prunelab.models import LoadedModel, ModelSpec, load_model, model_identity
+from prunelab.errors import ConfigError
+from prunelab.files import check_writable
+from prunelab.interrupts import catch_termination
+from prunelab.models import LoadedModel, ModelSpec, identity_key, load_model, model_identity
 from prunelab.models.boundary_operators import save_recovered
 from prunelab.pruning.base import PruningMethod, first_stage
 from prunelab.pruning.report import parameter_counts, sparsity_report
 from prunelab.recovery.base import Recovery, RecoveryContext
-from prunelab.tracking import Tracker, config_signature, is_completed, read_record, record_path, write_record
+from prunelab.recovery.plain_loading import save_for_plain_loading
+from prunelab.tracking import Tracker, config_signature, is_completed, read_record, record_path
+from prunelab.tracking.keep import write_keeping_completed
+from prunelab.tracking.saved_model import save_model_folder, saved_model_present
 from prunelab.tracking.environment import environment, peak_memory
 from prunelab.tracking.record import SCHEMA_VERSION
 
@@ -104,6 +109,14 @@ def build_labels(setup: RunSetup) -> dict[str, Any]:
             "calibration": f"{calib.source}x{calib.nsamples}x{calib.seqlen}"}
 
 
+def check_calibration_context(calib: CalibrationSpec, config) -> None:
+    """Calibration sequences longer than the model's context fail in one line, before scoring."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit and calib.seqlen > limit:
+        raise ConfigError(f"data.calibration.seqlen={calib.seqlen} exceeds the model's context "
+                          f"(max_position_embeddings={limit}); use data.calibration.seqlen<={limit}")
+
+
 def evaluate_all(evaluators: list, loaded: LoadedModel) -> dict[str, Metric]:
     metrics: dict[str, Metric] = {}
     for evaluator in evaluators:
@@ -112,19 +125,22 @@ def evaluate_all(evaluators: list, loaded: LoadedModel) -> dict[str, Metric]:
 
 
 def dense_metrics(evaluators: list, loaded: LoadedModel, cache_dir: Path | None) -> dict[str, dict]:
-    """Dense metrics under the run's protocols, computed once per model and protocol (cached)."""
+    """Dense metrics under the run's protocols, computed once per model and protocol (cached,
+    checked before use: evaluation/dense_cache.py)."""
     stamps = {}
     for evaluator in evaluators:
         stamps.update(evaluator.protocol_stamps(loaded.model, loaded.tokenizer))
-    key = hashlib.sha256(json.dumps({"model": model_identity(loaded), "stamps": stamps},
-                                    sort_keys=True, default=str).encode()).hexdigest()[:24]
-    path = cache_dir / "dense" / f"{key}.json" if cache_dir else None
+    identity = model_identity(loaded)
+    path = dense_cache.cache_file(cache_dir, identity, stamps) if cache_dir else None
     if path and path.exists():
-        log.info("dense metrics from cache %s", path)
-        return json.loads(path.read_text())
+        cached, problem = dense_cache.read_checked(path, identity, stamps)
+        if cached is not None:
+            log.info("dense metrics from cache %s", path)
+            return cached
+        log.warning("dense-metrics cache %s %s: recomputed", path, problem)
     metrics = {k: m.to_dict() for k, m in evaluate_all(evaluators, loaded).items()}
     if path:
-        write_record(path, metrics)
+        dense_cache.write(path, identity, stamps, metrics)
     return metrics
 
 
@@ -139,11 +155,24 @@ def build_evaluators(setup: RunSetup, cache: TokenCache) -> list:
 
 
 def run(setup: RunSetup) -> dict[str, Any]:
-    """Run the pipeline once and return the record (also written to `setup.record_file`)."""
+    """Run the pipeline once and return the record (also written to `setup.record_file`, or beside
+    it when a completed record is there already: see tracking/keep.py).
+
+    SIGTERM and SIGINT end the run with a record whose status is `interrupted`."""
+    with catch_termination():
+        return _run(setup)
+
+
+def _run(setup: RunSetup) -> dict[str, Any]:
     path = setup.record_file
     if setup.skip_completed and is_completed(path):
-        log.info("already completed, skipping: %s (runtime.skip_completed=false reruns it)", path)
-        return read_record(path)
+        done = read_record(path)
+        if not setup.save_model or saved_model_present(done):
+            log.info("already completed, skipping: %s (runtime.skip_completed=false reruns it)", path)
+            return done
+        log.warning("already completed but its model was not saved: running again to save it "
+                    "(the completed record is kept aside)")
+    check_writable(setup.records_dir, "the records folder")  # before any model is loaded
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "status": "failed", "signature": setup.signature,
         "seed": setup.seed, "study": setup.study, "labels": build_labels(setup), "config": setup.config,
@@ -159,6 +188,8 @@ def run(setup: RunSetup) -> dict[str, Any]:
         seed_everything(setup.seed)
         with clock("load"):
             loaded = load_model(setup.model, setup.cache_dir)
+        check_calibration_context(setup.data.calibration, loaded.config)
+        record["model"] = {"identity": model_identity(loaded), "key": identity_key(loaded)}
         record["parameters"] = {"dense": parameter_counts(loaded.adapter)}
         evaluators = build_evaluators(setup, cache)
         with clock("dense_eval"):
@@ -191,12 +222,12 @@ def run(setup: RunSetup) -> dict[str, Any]:
             record["metrics"]["pruned"] = {k: m.to_dict() for k, m in evaluate_all(evaluators, loaded).items()}
         if setup.save_model:
             with clock("save"):
-                target = path.parent / "model"
-                save_recovered(loaded.model, target)  # plus any boundary operators, reloadable
-                loaded.tokenizer.save_pretrained(target)
-                record["saved_model"] = str(target)
+                save = partial(save_for_plain_loading, save=save_recovered)  # recovery/plain_loading.py
+                record["saved_model"] = str(save_model_folder(
+                    loaded.model, loaded.tokenizer, path.parent / "model", save))
         record["status"] = "completed"
     except BaseException as err:
+        record["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
         record["failure"] = {"stage": clock.current or "setup", "error_type": type(err).__name__,
                              "message": str(err), "traceback": traceback.format_exc()}
         raise
@@ -204,11 +235,11 @@ def run(setup: RunSetup) -> dict[str, Any]:
         clock.timings["total"] = time.perf_counter() - start
         record.update(timings=clock.timings, peak_memory=peak_memory(),
                       finished_at=datetime.now(timezone.utc).isoformat())
-        write_record(path, record)
+        written = write_keeping_completed(path, record)
         if setup.output_dir is not None and Path(setup.output_dir).resolve() != path.parent.resolve():
             Path(setup.output_dir).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, Path(setup.output_dir) / "result.json")
-        setup.tracker.log_record(record, path)
+            shutil.copyfile(written, Path(setup.output_dir) / "result.json")
+        setup.tracker.log_record(record, written)
         setup.tracker.finish(record["status"])
-        log.info("record: %s (%s)", path, record["status"])
+        log.info("record: %s (%s)", written, record["status"])
     return record

@@ -168,7 +168,7 @@ def load_records(folders: Iterable[str | os.PathLike]) -> LoadedRecords:
 
 FRAME_COLUMNS = ("source", "signature", "seed", "study", "status", "metric", "value",
                  "higher_is_better", "stamp", "protocol", "samples", "dense_value",
-                 "dense_stamp", "dense_protocol", "dense_samples")
+                 "dense_stamp", "dense_protocol", "dense_samples", "model_key")
 
 
 def records_to_frame(records: Iterable[RunRecord] | LoadedRecords) -> pd.DataFrame:
@@ -177,7 +177,8 @@ def records_to_frame(records: Iterable[RunRecord] | LoadedRecords) -> pd.DataFra
     Columns: source, signature, seed, study, status, labels.<name> (one per label seen),
     metric, value, higher_is_better, stamp (the protocol as canonical JSON, hashable, "" when
     absent), protocol (dict), samples (dict or None), and the dense reference of the same metric:
-    dense_value, dense_stamp, dense_protocol, dense_samples. Failed records are dropped.
+    dense_value, dense_stamp, dense_protocol, dense_samples, and model_key (the record's model
+    identity digest, None in records older than it). Failed records are dropped.
     """
     if isinstance(records, LoadedRecords):
         records = records.completed
@@ -199,6 +200,7 @@ def records_to_frame(records: Iterable[RunRecord] | LoadedRecords) -> pd.DataFra
                 "dense_value": _as_float(dense.get("value")),
                 "dense_stamp": stamp_key(dense.get("protocol")),
                 "dense_protocol": dense.get("protocol"), "dense_samples": dense.get("samples"),
+                "model_key": (record.data.get("model") or {}).get("key"),
             })
     frame = pd.DataFrame(rows)
     label_columns = sorted((c for c in frame.columns if c.startswith(LABEL_PREFIX)),

@@ -21,6 +21,7 @@ import pandas as pd
 
 from prunelab.analysis import stats
 from prunelab.analysis.baseline import COMPARISON_COLUMNS, add_baseline_comparisons
+from prunelab.analysis.dense import DENSE_METHOD, add_change_over_dense, dense_reference  # noqa: F401
 from prunelab.analysis.records import (
     LABEL_PREFIX,
     AnalysisError,
@@ -45,7 +46,6 @@ from prunelab.analysis.render import (  # noqa: F401
 log = logging.getLogger(__name__)
 
 DEFAULT_GROUP_BY = ("signature",)
-DENSE_METHOD = "dense"
 SUMMARY_NUMBER_COLUMNS = ("n", "mean", "std", "ci_low", "ci_high", *COMPARISON_COLUMNS)
 
 
@@ -111,7 +111,7 @@ def build_summary(frame: pd.DataFrame, metrics: Sequence[str] | None = None,
                                            n_resamples, seed)
     dense = dense_reference(data, metrics)
     if not dense.empty:
-        summary = add_change_over_dense(pd.concat([dense, summary], ignore_index=True))
+        summary = add_change_over_dense(pd.concat([dense, summary], ignore_index=True), data)
     if "is_baseline" in summary:
         summary["is_baseline"] = summary["is_baseline"].fillna(False).astype(bool)
     return order_rows(summary, metrics)
@@ -142,56 +142,6 @@ def _setting_row(rows: pd.DataFrame, group_by: list[str], key: tuple) -> dict[st
         "is_dense": False, "note": "; ".join(notes),
     }
     return row
-
-
-def dense_reference(frame: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
-    """One row per (model, metric) with the dense model's value from the records'
-    `metrics.dense` (the same for every record of a model under one protocol)."""
-    model_column = LABEL_PREFIX + "model"
-    rows = []
-    group_keys = [model_column] if model_column in frame else []
-    for key, model_rows in (frame.groupby(group_keys + ["metric"], dropna=False, sort=False)
-                            if group_keys else frame.groupby(["metric"], sort=False)):
-        key = key if isinstance(key, tuple) else (key,)
-        metric = key[-1]
-        if metric not in metrics:
-            continue
-        dense = model_rows.dropna(subset=["dense_value"])
-        if dense.empty:
-            continue
-        stamps = dense["dense_stamp"].value_counts()
-        stamp = stamps.index[0]
-        values = dense.loc[dense["dense_stamp"] == stamp, "dense_value"].astype(float)
-        note = ""
-        if len(stamps) > 1 or values.nunique() > 1:
-            note = "dense value differs between records; most common protocol shown"
-            log.warning("%s %s: %s", key[0] if group_keys else "", metric, note)
-        row = {"setting": f"{DENSE_METHOD}:{key[0]}" if group_keys else DENSE_METHOD,
-               LABEL_PREFIX + "method": DENSE_METHOD, "metric": metric,
-               "higher_is_better": _common_value(dense["higher_is_better"]), "n": 1, "seeds": "",
-               "mean": float(values.iloc[0]), "std": math.nan, "ci_low": math.nan,
-               "ci_high": math.nan, "stamp": stamp, "signatures": "", "is_dense": True,
-               "note": note}
-        if group_keys:
-            row[model_column] = key[0]
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def add_change_over_dense(summary: pd.DataFrame) -> pd.DataFrame:
-    """Columns dense_mean, vs_dense = mean / dense - 1 and vs_dense_std = std / dense: the relative
-    change over the same model's dense value, as depth-pruning papers report perplexity ("+12%").
-    The dense value is one number per model, so the seeds' spread scales by it alone."""
-    model = LABEL_PREFIX + "model"
-    dense = summary[summary["is_dense"]]
-    keys = [model, "metric"] if model in summary else ["metric"]
-    reference = dense.set_index(keys)["mean"]
-    lookup = summary.set_index(keys).index
-    summary = summary.copy()
-    summary["dense_mean"] = [reference.get(key, math.nan) for key in lookup]
-    summary["vs_dense"] = summary["mean"] / summary["dense_mean"] - 1.0
-    summary["vs_dense_std"] = summary["std"] / summary["dense_mean"]
-    return summary
 
 
 # --------------------------------------------------------------------------- ordering / display

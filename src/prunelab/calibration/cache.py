@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import torch
 
 from prunelab.context import PruneContext
 from prunelab.models import model_identity
+from prunelab.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,5 @@ def cached(ctx: PruneContext, statistic: str, params: dict[str, Any], compute: C
             log.warning("ignoring unreadable cache file %s (%s)", path, err)
     value = compute()
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save(value, tmp)
-        os.replace(tmp, path)
+        atomic_write(path, lambda handle: torch.save(value, handle), "the allocation cache")
     return value

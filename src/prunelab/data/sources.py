@@ -8,8 +8,8 @@ need no network, and neither does `realtext` (Shakespeare and Python's docs from
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import os
 import socket
 from pathlib import Path
 from unittest import mock
@@ -85,12 +85,28 @@ def documents(corpus: str, split: str, paths: tuple[str, ...] = ()) -> list[str]
 
         return testbed_corpus.documents(split, TESTBED_DOCUMENTS[split])
     if corpus == "local_text":
-        return [Path(p).expanduser().read_text(encoding="utf-8") for p in paths]
+        return [read_text_file(p) for p in paths]
     if corpus == "realtext":
         from prunelab.data import realtext
 
         return realtext.documents(split)
     raise ValueError(f"unknown corpus {corpus!r}")
+
+
+def read_text_file(path: str) -> str:
+    """A local text file's text; an empty, binary or non-UTF-8 file is one clear error."""
+    data = Path(path).expanduser().read_bytes()
+    problem = None
+    if not data.strip():
+        problem = "is empty"
+    elif b"\0" in data:
+        problem = "is binary (it contains NUL bytes), not text"
+    else:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            problem = f"is not UTF-8 text (byte {err.start})"
+    raise DataUnavailableError(f"text file {path} {problem}; local_text needs plain UTF-8 text")
 
 
 def word_perplexity_documents(corpus: str, paths: tuple[str, ...] = ()) -> list[tuple[str, str]]:
@@ -110,7 +126,8 @@ def word_perplexity_documents(corpus: str, paths: tuple[str, ...] = ()) -> list[
 
 
 def corpus_version(corpus: str, paths: tuple[str, ...] = ()) -> str:
-    """A version string for the protocol stamp (generator version, file sizes for local text)."""
+    """A version string for the protocol stamp and cache keys (generator version; for local text
+    the sha256 of the files' bytes, so same-named or edited files never share caches)."""
     if corpus == "testbed":
         from prunelab.testbed import corpus as testbed_corpus
 
@@ -120,5 +137,9 @@ def corpus_version(corpus: str, paths: tuple[str, ...] = ()) -> str:
 
         return realtext.content_hash()
     if corpus == "local_text":
-        return ";".join(f"{Path(p).name}:{os.path.getsize(Path(p).expanduser())}" for p in paths)
+        digest = hashlib.sha256()
+        for p in paths:
+            digest.update(Path(p).expanduser().read_bytes())
+            digest.update(b"\0")  # file boundary: ["ab", "c"] differs from ["a", "bc"]
+        return "sha256:" + digest.hexdigest()[:32]
     return "hub"

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from prunelab.data.sources import read_text_file
 from prunelab.errors import ConfigError
 
 CALIBRATION_SOURCES = ("c4", "wikitext2", "ptb", "local_text", "testbed", "realtext")
@@ -70,3 +71,5 @@ def _check_paths(source: str, paths: tuple[str, ...], key: str) -> None:
     missing = [p for p in paths if not Path(p).expanduser().is_file()]
     if missing:
         raise ConfigError(f"{key}: file not found: {', '.join(missing)}")
+    for path in paths:
+        read_text_file(path)  # empty, binary or not UTF-8: one line now, before any model loads

@@ -12,18 +12,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save
 from tqdm.auto import tqdm
 
 from prunelab.data import sources
 from prunelab.data.spec import CalibrationSpec
 from prunelab.errors import DataUnavailableError
+from prunelab.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,11 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 class TokenCache:
-    """Tensors stored as `<root>/<key>.pt`, key = sha256 of the JSON of what produced them."""
+    """Tensors stored as `<root>/<key>.safetensors`, key = sha256 of the JSON of what produced them.
+
+    Each file carries its recipe and the sha256 of its tensor; a truncated, edited or foreign file
+    is noticed on read (one warning line) and rebuilt. No pickle is ever loaded.
+    """
 
     def __init__(self, root: str | Path | None):
         self.root = Path(root).expanduser() if root else None
@@ -44,22 +49,44 @@ class TokenCache:
     def get_or_compute(self, recipe: dict, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
         if self.root is None:
             return compute()
-        key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:24]
-        path = self.root / f"{key}.pt"
+        recipe_json = json.dumps(recipe, sort_keys=True)
+        path = self.root / f"{hashlib.sha256(recipe_json.encode()).hexdigest()[:24]}.safetensors"
         if path.exists():
-            return torch.load(path)
+            value, problem = _read_checked(path, recipe_json)
+            if value is not None:
+                return value
+            log.warning("token cache %s %s: rebuilt", path, problem)
         value = compute()
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
-        os.close(fd)
-        torch.save(value, tmp)
-        os.replace(tmp, path)
+        metadata = {"recipe": recipe_json, "sha256": tensor_sha256(value)}
+        atomic_write(path, lambda handle: handle.write(save(
+            {"ids": value.contiguous()}, metadata=metadata)), "the token cache")
         return value
+
+
+def tensor_sha256(value: torch.Tensor) -> str:
+    digest = hashlib.sha256(f"{tuple(value.shape)}:{value.dtype}".encode())
+    digest.update(value.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _read_checked(path: Path, recipe_json: str) -> tuple[torch.Tensor | None, str]:
+    """(tensor, "") when the file is whole and made by this recipe, else (None, what is wrong)."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            value = handle.get_tensor("ids")
+    except Exception as err:  # truncated or not a safetensors file
+        return None, f"is unreadable ({type(err).__name__})"
+    if metadata.get("recipe") != recipe_json:
+        return None, "was made by another recipe"
+    if metadata.get("sha256") != tensor_sha256(value):
+        return None, "does not match its checksum (edited or damaged)"
+    return value, ""
 
 
 def encode(tokenizer, text: str) -> torch.Tensor:
     """[1, L] token ids, special tokens as the tokenizer adds them (the references' behaviour)."""
-    return tokenizer(text, return_tensors="pt").input_ids
+    return tokenizer(text, return_tensors="pt", verbose=False).input_ids  # long on purpose: no warning
 
 
 def calibration_samples(

@@ -11,6 +11,8 @@ Per-window (token) or per-document (word) NLLs are kept for paired statistics.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import re
@@ -21,8 +23,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from prunelab.data import sources
-from prunelab.data.tokens import TokenCache, eval_token_stream, tokenizer_fingerprint
-from prunelab.errors import ConfigError
+from prunelab.data.tokens import TokenCache, eval_token_stream, tensor_sha256, tokenizer_fingerprint
+from prunelab.errors import ConfigError, DataUnavailableError
 from prunelab.evaluation.metrics import Metric
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,9 @@ class PerplexitySpec:
             raise ConfigError(f"evaluation.perplexity.protocols: unknown {bad}; known: token, word")
         if self.seqlen < 2 or self.batch_size < 1:
             raise ConfigError("evaluation.perplexity needs seqlen >= 2 and batch_size >= 1")
+        if self.max_windows is not None and self.max_windows < 1:
+            raise ConfigError(f"evaluation.perplexity.max_windows={self.max_windows}: use null (all) "
+                              "or a number >= 1")
 
 
 def effective_seqlen(model, seqlen: int) -> int:
@@ -73,14 +78,8 @@ def window_nlls(model, ids: torch.Tensor, seqlen: int, batch_size: int = 1,
                 max_windows: int | None = None, progress: bool = True,
                 window_order: str = "first") -> list[float]:
     """Mean NLL of each non-overlapping window of `ids` ([1, L]); the remainder is dropped."""
-    total = ids.shape[1] // seqlen
-    if total == 0:
-        raise ValueError(f"{ids.shape[1]} tokens: not one window of {seqlen}")
-    windows = ids[0, : total * seqlen].view(total, seqlen)  # [total, T]
-    n = total if max_windows is None else min(total, max_windows)
-    if window_order == "spread":
-        windows = windows[spread_indices(total, n)]  # [n, T]
-    windows = windows[:n]
+    windows = selected_windows(ids, seqlen, max_windows, window_order)  # [n, T]
+    n = windows.shape[0]
     device = model.get_input_embeddings().weight.device
     nlls: list[float] = []
     for start in tqdm(range(0, n, batch_size), desc="ppl windows", disable=not progress, leave=False):
@@ -89,6 +88,20 @@ def window_nlls(model, ids: torch.Tensor, seqlen: int, batch_size: int = 1,
         loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), batch[:, 1:], reduction="none")  # [B, T-1]
         nlls.extend(loss.mean(dim=1).tolist())
     return nlls
+
+
+def selected_windows(ids: torch.Tensor, seqlen: int, max_windows: int | None = None,
+                     window_order: str = "first") -> torch.Tensor:
+    """[n, seqlen] the evaluated windows of `ids` ([1, L]): non-overlapping, remainder dropped."""
+    total = ids.shape[1] // seqlen
+    if total == 0:
+        raise DataUnavailableError(f"the evaluation text has {ids.shape[1]} tokens: not one window "
+                                   f"of {seqlen}; use more text or a smaller evaluation.perplexity.seqlen")
+    windows = ids[0, : total * seqlen].view(total, seqlen)  # [total, T]
+    n = total if max_windows is None else min(total, max_windows)
+    if window_order == "spread":
+        return windows[spread_indices(total, n)]  # [n, T]
+    return windows[:n]
 
 
 def spread_indices(total: int, n: int) -> torch.Tensor:
@@ -101,7 +114,7 @@ def rolling_document_nll(model, tokenizer, text: str, max_length: int) -> float:
     """Total NLL of a document scored in lm-eval's disjoint rolling windows."""
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-    tokens = tokenizer(text, add_special_tokens=False).input_ids
+    tokens = tokenizer(text, add_special_tokens=False, verbose=False).input_ids
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     device = model.get_input_embeddings().weight.device
     total = 0.0
@@ -131,7 +144,8 @@ class PerplexityEvaluator:
         self.progress = progress
 
     def protocol_stamps(self, model, tokenizer) -> dict[str, dict]:
-        """Stamps that identify every metric this evaluator would produce (the dense-cache key)."""
+        """Stamps that identify every metric this evaluator would produce (the dense-cache key),
+        down to the sha256 of the evaluated tokens (token protocol) or documents (word)."""
         seqlen = effective_seqlen(model, self.spec.seqlen)
         return {
             f"ppl/{corpus}/{kind}": {
@@ -141,9 +155,19 @@ class PerplexityEvaluator:
                 "corpus_version": sources.corpus_version(corpus, self.paths),
                 # stamped only when it departs from the reference protocol (older stamps stay valid)
                 **({"window_order": self.spec.window_order} if self.spec.window_order != "first" else {}),
+                "content_sha256": self._content_sha256(corpus, kind, tokenizer, seqlen),
             }
             for corpus in self.corpora for kind in self.spec.protocols
         }
+
+    def _content_sha256(self, corpus: str, kind: str, tokenizer, seqlen: int) -> str:
+        """sha256 of exactly what would be evaluated: the windows' token ids or the documents."""
+        if kind == "token":
+            ids = eval_token_stream(corpus, tokenizer, seqlen, self.paths, self.cache)
+            windows = selected_windows(ids, seqlen, self.spec.max_windows, self.spec.window_order)
+            return tensor_sha256(windows.reshape(1, -1))[:32]
+        docs = sources.word_perplexity_documents(corpus, self.paths)[: self.spec.max_windows]
+        return hashlib.sha256(json.dumps(docs).encode()).hexdigest()[:32]
 
     def evaluate(self, model, tokenizer) -> dict[str, Metric]:
         results: dict[str, Metric] = {}

@@ -15,9 +15,12 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from prunelab.errors import ModelCheckError
 from prunelab.models.adapter import ModelAdapter
 from prunelab.models.architectures import architecture_for
 from prunelab.models.boundary_operators import apply_saved_boundary_operators
+from prunelab.models.checks import check_finite, check_loaded_weights, check_memory, guarded
+from prunelab.models.identity import identity_digest, weight_file_hashes
 from prunelab.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,9 @@ class LoadedModel:
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelCheckError(f"model.device={device} but no CUDA GPU is available here; use "
+                              "model.device=cpu or auto")
     return torch.device(device)
 
 
@@ -59,21 +65,25 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None) -> LoadedMo
     else:
         source, revision = spec.resolved_source()
     hub_kwargs = dict(revision=revision, trust_remote_code=spec.trust_remote_code)
-    config = AutoConfig.from_pretrained(source, **hub_kwargs)
+    config = guarded("the model config", source, lambda: AutoConfig.from_pretrained(source, **hub_kwargs))
     architecture = architecture_for(config.model_type)  # unsupported: clear error, nothing loaded
     device = resolve_device(spec.device)
+    check_memory(config, _TORCH_DTYPES.get(spec.dtype, spec.dtype), device, spec.device_map)
     dtype = "auto" if spec.dtype == "auto" else _TORCH_DTYPES[spec.dtype]
     if device.type == "cpu" and spec.dtype in ("float16", "bfloat16"):
         log.warning("%s on CPU is very slow on these processors; float32 is recommended", spec.dtype)
     log.info("loading %s (revision %s, %s, %s)", source, revision, spec.dtype, spec.device_map or device)
-    model = AutoModelForCausalLM.from_pretrained(
-        source, config=config, dtype=dtype, device_map=spec.device_map, **hub_kwargs
-    )
+    model, info = guarded("the model weights", source, lambda: AutoModelForCausalLM.from_pretrained(
+        source, config=config, dtype=dtype, device_map=spec.device_map, output_loading_info=True,
+        **hub_kwargs))
+    check_loaded_weights(info, source)
+    check_finite(model, source)
     if spec.device_map is None:
         model.to(device)
     model.eval()
     apply_saved_boundary_operators(model, source)  # Ghosted / LinearPatch operators saved with it
-    tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer or source, **hub_kwargs)
+    tokenizer = guarded("the tokenizer", spec.tokenizer or source,
+                        lambda: AutoTokenizer.from_pretrained(spec.tokenizer or source, **hub_kwargs))
     return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, source)
 
 
@@ -86,6 +96,10 @@ def model_identity(loaded: LoadedModel) -> dict[str, Any]:
         identity["gguf_file"] = loaded.spec.gguf_file
     source = Path(loaded.source)
     if source.is_dir():
-        identity["files"] = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime))
-                                   for p in source.glob("*.safetensors"))
+        identity["files"] = weight_file_hashes(source)  # by content, never by name and size
     return identity
+
+
+def identity_key(loaded: LoadedModel) -> str:
+    """16-hex digest of `model_identity`: what `prunelab aggregate` pairs dense references by."""
+    return identity_digest(model_identity(loaded))

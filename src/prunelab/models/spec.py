@@ -63,6 +63,9 @@ class ModelSpec:
                 f"shipped model {self.name_or_path!r} is missing from {SHIPPED_ROOT}; "
                 "rebuild it with `python -m prunelab.testbed.train`"
             )
+        tokenizer = self.tokenizer or ""
+        if tokenizer.startswith(("/", "./", "../", "~")) and not Path(tokenizer).expanduser().exists():
+            raise ConfigError(f"tokenizer path does not exist: {tokenizer}")
         if (self.is_shipped or self.is_local_path) and not self.gguf_file:
             self.resolved_source()  # a missing revision subfolder fails here, before loading
 

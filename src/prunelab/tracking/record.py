@@ -9,10 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from prunelab.files import atomic_write
 
 SCHEMA_VERSION = 1
 # Keys that do not change what a run computes: runs differing only in these share a signature.
@@ -42,19 +42,8 @@ def _clean(value: Any) -> Any:
 
 def write_record(path: str | Path, record: dict[str, Any]) -> Path:
     """Write JSON atomically: temporary file in the same folder, fsync, rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".result-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(_clean(record), handle, indent=1, default=str)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    text = json.dumps(_clean(record), indent=1, default=str).encode()
+    return atomic_write(path, lambda handle: handle.write(text), "the record")
 
 
 def read_record(path: str | Path) -> dict[str, Any] | None:
