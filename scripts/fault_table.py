@@ -41,7 +41,7 @@ BASE = ["tracking=none", "evaluation=ppl", "runtime.threads=1", "runtime.progres
         "pruning=magnitude", "data.calibration.nsamples=2", "data.calibration.seqlen=32",
         "evaluation.perplexity.seqlen=64", "evaluation.perplexity.max_windows=2"]
 SLOW_SCORE = ("import time, sys; from prunelab.pruning.magnitude import Magnitude; "
-              "Magnitude.score = lambda self, ctx: time.sleep(600); "
+              "Magnitude.allocate = lambda self, ctx: time.sleep(600); "
               "from prunelab.cli import main; sys.argv[0] = 'prunelab'; main()")
 TEXT = "the cat sat on the mat . the dogs that the boy owns are happy . " * 300
 
@@ -443,7 +443,7 @@ def run_case(case: Case, index: int, shared: Path) -> tuple[Case, str, str, floa
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 300
         while time.time() < deadline and process.poll() is None and not any(
-                "stage score" in p.read_text() for p in (ctx.root / "out").glob("*.log")):
+                "stage allocate" in p.read_text() for p in (ctx.root / "out").glob("*.log")):
             time.sleep(0.2)
         process.send_signal(case.interrupt)
         stdout, stderr = process.communicate(timeout=300)

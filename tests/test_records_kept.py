@@ -87,7 +87,7 @@ def test_save_model_on_a_completed_setting_saves_it(tiny_model_dirs, text_file, 
 
 
 SLOW_SCORE = ("import time, sys; from prunelab.pruning.magnitude import Magnitude; "
-              "Magnitude.score = lambda self, ctx: time.sleep(600); "
+              "Magnitude.allocate = lambda self, ctx: time.sleep(600); "
               "from prunelab.cli import main; sys.argv[0] = 'prunelab'; main()")
 
 
@@ -97,7 +97,7 @@ def test_sigterm_ends_the_run_with_an_interrupted_record_and_one_line(tiny_model
     process = subprocess.Popen([sys.executable, "-c", SLOW_SCORE, *args], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     deadline = time.time() + 240
-    while time.time() < deadline and not any("stage score" in p.read_text()
+    while time.time() < deadline and not any("stage allocate" in p.read_text()
                                               for p in (tmp_path / "out").glob("*.log")):
         time.sleep(0.2)
     process.send_signal(signal.SIGTERM)
@@ -106,4 +106,4 @@ def test_sigterm_ends_the_run_with_an_interrupted_record_and_one_line(tiny_model
     assert "Traceback" not in stderr and "interrupted (SIGTERM)" in stderr.strip().splitlines()[-1]
     [path] = (tmp_path / "records").glob("*/seed0/result.json")
     record = json.loads(path.read_text())
-    assert record["status"] == "interrupted" and record["failure"]["stage"] == "score"
+    assert record["status"] == "interrupted" and record["failure"]["stage"] == "allocate"

@@ -52,5 +52,5 @@ def test_lm_eval_items_match_direct_scoring(tiny_model_dirs, tmp_path, capfd):
 def test_bad_zeroshot_settings_are_config_errors():
     with pytest.raises(ConfigError, match="acc_norm"):
         ZeroShotSpec(tasks=("boolq",), metric="f1")
-    with pytest.raises(ConfigError, match="unknown testbed tasks"):
+    with pytest.raises(ConfigError, match="unknown local tasks"):
         ZeroShotSpec(tasks=("tb_nope",))
