@@ -38,14 +38,15 @@ test-all: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 ## Run a reproduced study and write its tables: make study STUDY=magnitude_sparsity
-## On the real model: make study STUDY=pals MODEL=smollm2 (experiment pals_smollm2; its records
-## are committed in results/<study>/records; the tables hold every model's rows)
+## On the real model: make study STUDY=pals MODEL=smollm2 runs experiment pals_smollm2; its records
+## are committed in results/<study>/records (each run costs minutes) and its tables are written
+## to results/<study>/smollm2/, so the testbed's tables are never rebuilt from other records.
 MODEL ?=
 study: setup
 	@test -n "$(STUDY)" || { echo "usage: make study STUDY=<name of experiments/<name>/> [MODEL=smollm2]"; exit 2; }
 	$(VENV)/bin/prunelab experiment=$(STUDY)$(if $(MODEL),_$(MODEL)) $(ARGS)
-	$(VENV)/bin/prunelab-aggregate $$(ls -d records/$(STUDY) results/$(STUDY)/records 2>/dev/null) \
-	    --out results/$(STUDY) $$(cat experiments/$(STUDY)/aggregate.args)
+	$(VENV)/bin/prunelab-aggregate $(if $(MODEL),results/$(STUDY)/records,records/$(STUDY)) \
+	    --out results/$(STUDY)$(if $(MODEL),/$(MODEL)) $$(cat experiments/$(STUDY)/aggregate.args)
 
 clean-venv:
 	rm -rf $(VENV)
