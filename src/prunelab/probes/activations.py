@@ -69,7 +69,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print every state's profile as JSON")
     args = parser.parse_args(argv)
     for name in args.models:
-        fields = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
+        preset = CONF_DIR / "model" / f"{name}.yaml"
+        if not preset.is_file():
+            options = sorted(p.stem for p in preset.parent.glob("*.yaml"))
+            parser.error(f"unknown model {name!r}; options: {', '.join(options)}")
+        fields = OmegaConf.to_container(OmegaConf.load(preset))
         fields.pop("_target_")
         loaded = load_model(ModelSpec(**{**fields, "device": "cpu"}))
         spec = CalibrationSpec(source=args.source, nsamples=args.samples,

@@ -120,7 +120,7 @@ def limits_section(model, tokenizer) -> str:
         f"(state {peak['at_state']}, {spec.nsamples} x {spec.seqlen} test-language tokens; "
         f"`python -m prunelab.probes.activations`), and the dimension holding the maximum moves "
         f"from state to state (most often: {dims}). Pretrained LLMs have a few fixed dimensions "
-        "thousands of times the median (SmolLM2-135M: about 14,800 on dimension 507), which is "
+        "thousands of times the median (measured for SmolLM2-135M in docs/smollm2_135m.md), which is "
         "what Wanda's activation term, OWL and PALS exploit. Studies on this model check the "
         "mechanics of a method; its claims are checked on `model=smollm2_135m`.\n")
 
