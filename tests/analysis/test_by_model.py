@@ -1,0 +1,63 @@
+"""Side-by-side tables: each model's cell carries its own numbers, rows join across corpora."""
+
+import json
+
+from conftest import MODEL, make_study
+
+from prunelab.analysis import by_model, records, tables
+
+REAL = "real-model"
+
+
+def _summary(root, out):
+    frame = records.records_to_frame(records.load_records([root]))
+    summary = tables.build_summary(frame, None, baseline="allocation=uniform", n_resamples=99)
+    return summary, tables.write_outputs(summary, out, formats=("csv",))["csv"]
+
+
+def _as_other_model(source, target, sparsities):
+    """Copy of the study's records as another model evaluated on another corpus."""
+    for path in source.rglob("result.json"):
+        record = json.loads(path.read_text())
+        if record["labels"]["sparsity"] not in sparsities:
+            continue
+        record["labels"]["model"] = REAL
+        for part in record["metrics"].values():
+            if "ppl/testbed/token" in part:
+                part["ppl/realtext/token"] = part.pop("ppl/testbed/token")
+        copy = target / path.relative_to(source)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(json.dumps(record))
+
+
+def test_models_side_by_side(tmp_path):
+    testbed, real = tmp_path / "testbed", tmp_path / "real"
+    make_study(testbed, sparsities=(0.5, 0.7))
+    _as_other_model(testbed, real, sparsities=(0.5,))
+    testbed_summary, testbed_csv = _summary(testbed, tmp_path / "out_testbed")
+    real_summary, real_csv = _summary(real, tmp_path / "out_real")
+
+    out = tmp_path / "by_model.md"
+    assert by_model.main([str(testbed_csv), str(real_csv), "--out", str(out)]) == 0
+    table = by_model.side_by_side([tables.read_summary_csv(testbed_csv),
+                                   tables.read_summary_csv(real_csv)])
+
+    assert list(table.columns[-2:]) == [MODEL, REAL]
+    assert table.iloc[0]["method"] == "dense"              # dense first
+    ppl = table[table["metric"] == "ppl/token"]            # corpora joined into one family
+    pals_05 = ppl[(ppl["allocation"] == "pals") & (ppl["sparsity"] == "0.5")].iloc[0]
+    for summary, column, metric in ((testbed_summary, MODEL, "ppl/testbed/token"),
+                                    (real_summary, REAL, "ppl/realtext/token")):
+        row = summary[(summary["labels.allocation"] == "pals") & (summary["metric"] == metric)
+                      & (summary["labels.sparsity"] == 0.5)].iloc[0]
+        assert f"{row['mean']:.2f}" in pals_05[column]
+        assert f"{100 * row['vs_dense']:+.1f}%" in pals_05[column]
+        assert "p " in pals_05[column]
+    uniform_07 = ppl[(ppl["allocation"] == "uniform") & (ppl["sparsity"] == "0.7")].iloc[0]
+    assert "baseline" in uniform_07[MODEL] and uniform_07[REAL] == ""   # only the testbed ran it
+    assert out.read_text().startswith("| method | sparsity | allocation | metric |")
+
+
+def test_missing_table_is_one_line(tmp_path, capsys):
+    assert by_model.main([str(tmp_path / "nope.csv"), "--out", str(tmp_path / "x.md")]) == 2
+    assert capsys.readouterr().err.startswith("by_model: error: no such table")
