@@ -54,6 +54,15 @@ def test_every_experiment_composes_and_builds(experiment, tmp_path):
         assert setup.model.gguf_file and setup.data.calibration.source == "realtext"
 
 
+def test_real_text_brings_its_protocol_unless_one_is_chosen():
+    """`data=realtext` alone selects the real-text protocol (not the testbed's tasks and all windows);
+    an explicit `evaluation=` still wins."""
+    chosen = compose_config(["model=smollm2_135m", "data=realtext", "pruning=wanda"])
+    assert chosen.evaluation == compose_config(["evaluation=realtext"]).evaluation
+    assert compose_config(["data=realtext", "evaluation=ppl"]).evaluation.zeroshot is None
+    assert compose_config([]).evaluation == compose_config(["evaluation=default"]).evaluation
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["pruning=magnitde"], "did you mean magnitude"),
     (["model=lama2_7b"], "did you mean llama2_7b"),
