@@ -12,7 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from prunelab.cli import CONF_DIR, build_setup, check_overrides, group_options
+from prunelab.cli import CONF_DIR, build_setup, check_overrides, group_options, model_preset
 from prunelab.errors import ConfigError
 from prunelab.pruning.base import first_stage
 
@@ -52,6 +52,13 @@ def test_every_experiment_composes_and_builds(experiment, tmp_path):
     assert setup.study and setup.record_file.name == "result.json"
     if experiment.endswith("_smollm2"):
         assert setup.model.gguf_file and setup.data.calibration.source == "realtext"
+
+
+def test_model_preset_by_name_for_scripts():
+    spec = model_preset("smollm2_135m", device="cpu")
+    assert spec.gguf_file and spec.device == "cpu" and spec.label == "smollm2_135m"
+    with pytest.raises(ConfigError, match="did you mean smollm2_135m"):
+        model_preset("smolm2_135m")
 
 
 def test_real_text_brings_its_protocol_unless_one_is_chosen():

@@ -1,6 +1,7 @@
-"""All-pairs WRP similarity heatmaps of the shipped testbed models (forward-free: weights only).
+"""All-pairs WRP similarity heatmaps (forward-free: weights only) of model presets.
 
-    python experiments/wrp/heatmap.py --out results/wrp
+    python experiments/wrp/heatmap.py --out results/wrp                       # the testbed models
+    python experiments/wrp/heatmap.py --models smollm2_135m --out results/wrp/smollm2
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from pathlib import Path
 
 from prunelab.analysis.plots import plot_matrix, save_figure
 from prunelab.context import PruneContext
-from prunelab.models import ModelSpec, load_model
+from prunelab.cli import model_preset
+from prunelab.models import load_model
 from prunelab.pruning.scorers.base import ScoreRequest
 from prunelab.pruning.scorers.wrp import WeightRedundancy
 
@@ -23,7 +25,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
-        loaded = load_model(ModelSpec(name, device="cpu"))
+        loaded = load_model(model_preset(name, device="cpu"))
         ctx = PruneContext(loaded, seed=0, calibration=lambda: None, progress=False)
         for form in ("gram", "raw"):
             scores = WeightRedundancy(form).score(ctx, ScoreRequest(loaded.adapter.num_layers, 0))

@@ -51,6 +51,17 @@ def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str] | None:
     return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
+def model_preset(name: str, conf_dir: Path = CONF_DIR, **changes: Any):
+    """The ModelSpec of a `model=` option (conf/model/<name>.yaml), for scripts and probes that
+    load a model by its preset name outside a Hydra run; `changes` override its fields."""
+    from prunelab.models import ModelSpec
+
+    check_overrides([f"model={name}"], conf_dir)
+    fields = OmegaConf.to_container(OmegaConf.load(conf_dir / "model" / f"{name}.yaml"))
+    fields.pop("_target_", None)
+    return ModelSpec(**{**fields, **changes})
+
+
 def check_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> None:
     """Unknown group options fail here with close names suggested (Hydra's own error is a wall)."""
     for override in overrides:

@@ -56,10 +56,10 @@ def summary(profiles: list[StateProfile]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from prunelab.cli import model_preset
     from prunelab.data import CalibrationSpec, calibration_samples
-    from prunelab.models import ModelSpec, load_model
-    from prunelab.cli import CONF_DIR
-    from omegaconf import OmegaConf
+    from prunelab.errors import ConfigError
+    from prunelab.models import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="options of the model config group")
@@ -69,17 +69,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print every state's profile as JSON")
     args = parser.parse_args(argv)
     for name in args.models:
-        preset = CONF_DIR / "model" / f"{name}.yaml"
-        if not preset.is_file():
-            options = sorted(p.stem for p in preset.parent.glob("*.yaml"))
-            parser.error(f"unknown model {name!r}; options: {', '.join(options)}")
-        fields = OmegaConf.to_container(OmegaConf.load(preset))
-        fields.pop("_target_")
-        loaded = load_model(ModelSpec(**{**fields, "device": "cpu"}))
-        spec = CalibrationSpec(source=args.source, nsamples=args.samples,
-                               seqlen=min(args.seqlen, loaded.config.max_position_embeddings))
-        profiles = profile(loaded.adapter, calibration_samples(spec, loaded.tokenizer, seed=0))
-        print(json.dumps({"model": name, "tokens": args.samples * spec.seqlen, "source": args.source,
+        try:
+            spec = model_preset(name, device="cpu")
+        except ConfigError as error:
+            parser.error(str(error))
+        loaded = load_model(spec)
+        windows = CalibrationSpec(source=args.source, nsamples=args.samples,
+                                  seqlen=min(args.seqlen, loaded.config.max_position_embeddings))
+        profiles = profile(loaded.adapter, calibration_samples(windows, loaded.tokenizer, seed=0))
+        print(json.dumps({"model": name, "tokens": args.samples * windows.seqlen, "source": args.source,
                           **summary(profiles),
                           **({"states": [asdict(p) for p in profiles]} if args.json else {})}))
 
