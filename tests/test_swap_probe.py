@@ -112,3 +112,32 @@ def test_layer_matrices_are_found_for_heatmaps():
     details = {"pairwise": [[1.0, 0.5], [0.5, 1.0]], "layer_scores": [0.1, 0.2],
                "swap_probe": {"interchange": [[None, 0.1], [0.1, None]], "pairs": [[0, 1]]}}
     assert sorted(layer_matrices(details)) == ["pairwise", "swap_probe/interchange"]
+
+
+def test_both_swap_scorers_share_one_cached_probe(tiny_model_dirs, tmp_path, monkeypatch):
+    """The probe measures both matrices, so a sweep's interchange and replacement runs (every depth)
+    measure it once per model, calibration data and settings; the cached result is the same."""
+    from prunelab.context import PruneContext
+    from prunelab.probes import swap as swap_probe
+    from prunelab.pruning.scorers.base import ScoreRequest
+    from prunelab.pruning.scorers.swap import SwapKL
+
+    loaded = load_model(ModelSpec(name_or_path=str(tiny_model_dirs["llama"]), device="cpu"))
+    ctx = PruneContext(loaded, seed=0, calibration=ids, progress=False, cache_dir=tmp_path)
+    request = ScoreRequest(loaded.adapter.num_layers, 1)
+    runs = []
+    measure = swap_probe.SwapProbe.run
+    monkeypatch.setattr(swap_probe.SwapProbe, "run",
+                        lambda self, inputs: runs.append(1) or measure(self, inputs))
+
+    fresh = SwapKL("interchange", max_distance=2).score(ctx, request)
+    again = SwapKL("interchange", max_distance=2).score(ctx, request)
+    other = SwapKL("replacement", max_distance=2).score(ctx, request)
+    assert len(runs) == 1
+    assert again.per_layer == fresh.per_layer and again.details == fresh.details
+    assert other.details == fresh.details                      # one probe, both matrices
+    SwapKL("interchange", max_distance=1).score(ctx, request)  # other settings: measured anew
+    other_data = PruneContext(loaded, seed=0, calibration=lambda: ids()[:2], progress=False,
+                              cache_dir=tmp_path)
+    SwapKL("interchange", max_distance=2).score(other_data, request)
+    assert len(runs) == 3

@@ -53,7 +53,7 @@ def cached(ctx: PruneContext, statistic: str, params: dict[str, Any], compute: C
     if path is not None and path.exists():
         try:
             value = torch.load(path, weights_only=True)
-            log.info("allocation statistic %s from cache %s", statistic, path)
+            log.info("dense statistic %s from cache %s", statistic, path)
             return value
         except Exception as err:  # a truncated or foreign file: recompute and overwrite
             log.warning("ignoring unreadable cache file %s (%s)", path, err)

@@ -92,6 +92,17 @@ class SwapProbeResult:
     def gap(self) -> torch.Tensor:
         return torch.tensor([self.replacement[i, j] - self.interchange[i, j] for i, j in self.pairs])
 
+    def to_tensors(self) -> dict:
+        """Lossless form for the calibration cache (tensors, pairs, call counts)."""
+        return {"replacement": self.replacement, "replacement_directed": self.replacement_directed,
+                "interchange": self.interchange, "pairs": [list(p) for p in self.pairs],
+                "cost": [self.cost.layer_calls, self.cost.naive_layer_calls]}
+
+    @classmethod
+    def from_tensors(cls, value: dict) -> "SwapProbeResult":
+        return cls(value["replacement"], value["replacement_directed"], value["interchange"],
+                   [tuple(p) for p in value["pairs"]], ProbeCost(*value["cost"]))
+
     def to_dict(self) -> dict:
         def matrix(m: torch.Tensor) -> list[list[float | None]]:
             return [[None if torch.isnan(v) else float(v) for v in row] for row in m]

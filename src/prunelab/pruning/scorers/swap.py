@@ -13,9 +13,10 @@ Both matrices, the per-pair gap (replacement - interchange) and the probe's cost
 from __future__ import annotations
 
 from prunelab.calibration import capture_layer_inputs
+from prunelab.calibration.cache import cached
 from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
-from prunelab.probes.swap import POSITIONS, REDUCTIONS, SwapProbe, layer_scores
+from prunelab.probes.swap import POSITIONS, REDUCTIONS, SwapProbe, SwapProbeResult, layer_scores
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
 
 PROTOCOLS = ("interchange", "replacement")
@@ -40,11 +41,23 @@ class SwapKL:
         self.name = f"swap_{protocol}"
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
-        adapter = ctx.loaded.adapter
-        samples = ctx.calibration()
-        samples = samples[: self.nsamples] if self.nsamples else samples
-        inputs = capture_layer_inputs(adapter, samples, self.batch_size or ctx.batch_size)
-        result = SwapProbe(adapter, self.max_distance, self.reduce, self.positions,
-                           progress=ctx.progress).run(inputs)
+        result = self.probe(ctx)
         distance = result.interchange if self.protocol == "interchange" else result.replacement
         return LayerScores(per_layer=layer_scores(distance), details={"swap_probe": result.to_dict()})
+
+    def probe(self, ctx: PruneContext) -> SwapProbeResult:
+        """Both matrices, measured once per model, calibration data and probe settings: the
+        interchange and replacement scorers of a sweep (every depth) share one probe, the costly
+        part (minutes on a real model), through the calibration cache."""
+        batch_size = self.batch_size or ctx.batch_size
+        params = {"max_distance": self.max_distance, "reduce": self.reduce,
+                  "positions": self.positions, "nsamples": self.nsamples, "batch_size": batch_size}
+
+        def measure() -> dict:
+            samples = ctx.calibration()
+            samples = samples[: self.nsamples] if self.nsamples else samples
+            inputs = capture_layer_inputs(ctx.loaded.adapter, samples, batch_size)
+            return SwapProbe(ctx.loaded.adapter, self.max_distance, self.reduce, self.positions,
+                             progress=ctx.progress).run(inputs).to_tensors()
+
+        return SwapProbeResult.from_tensors(cached(ctx, "swap_probe", params, measure))
