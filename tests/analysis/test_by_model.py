@@ -2,6 +2,8 @@
 
 import json
 
+import pandas as pd
+
 from conftest import MODEL, make_study
 
 from prunelab.analysis import by_model, records, tables
@@ -61,3 +63,18 @@ def test_models_side_by_side(tmp_path):
 def test_missing_table_is_one_line(tmp_path, capsys):
     assert by_model.main([str(tmp_path / "nope.csv"), "--out", str(tmp_path / "x.md")]) == 2
     assert capsys.readouterr().err.startswith("by_model: error: no such table")
+
+
+def test_layer_counts_are_not_joined_across_models():
+    """6 of 18 layers is not 6 of 30: depth rows keep their model in the layer count."""
+    def summary(model, layers):
+        return pd.DataFrame([{"setting": f"{model}{layers}", "labels.model": model,
+                              "labels.method": "depth", "labels.layers_removed": float(layers),
+                              "labels.scorer": scorer, "metric": "ppl/x/token", "n": 1,
+                              "mean": 3.0, "std": float("nan"), "is_dense": False,
+                              "is_baseline": False, "vs_dense": 0.5}
+                             for scorer in ("a", "b")])
+    table = by_model.side_by_side([summary("small", 6), summary("real", 6), summary("real", 8)])
+    assert list(table["layers_removed"]) == ["6 (real)", "6 (real)", "6 (small)", "6 (small)",
+                                             "8 (real)", "8 (real)"]
+    assert (table[["small", "real"]] != "").sum(axis=1).eq(1).all()   # one model per row

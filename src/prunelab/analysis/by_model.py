@@ -29,6 +29,9 @@ from prunelab.analysis.tables import read_summary_csv
 
 # Labels that name the model or its data rather than the setting: never part of the row key.
 NOT_SETTING = ("model", "calibration")
+# Labels counted in the model's own units: 6 of 18 layers is not 6 of 30, so such rows are not
+# joined across models; the value names its model instead ("6 (smollm2_135m)").
+MODEL_RELATIVE = ("layers_removed",)
 
 
 def metric_family(metric: str) -> str:
@@ -54,7 +57,7 @@ def side_by_side(summaries: Sequence[pd.DataFrame]) -> pd.DataFrame:
               for group, part in summary.groupby([LABEL_PREFIX + "model", "family"])}
     rows: dict[tuple, dict[str, str]] = {}
     for _, row in summary.iterrows():
-        key = ((not row["is_dense"],) + tuple(text_of(row[column]) for column in keys)
+        key = ((not row["is_dense"],) + tuple(_key_text(row, column) for column in keys)
                + (row["family"],))
         cells = rows.setdefault(key, {column.removeprefix(LABEL_PREFIX): value
                                       for column, value in zip(keys, key[1:])}
@@ -64,6 +67,13 @@ def side_by_side(summaries: Sequence[pd.DataFrame]) -> pd.DataFrame:
     table = pd.DataFrame([rows[key] for key in sorted(rows, key=_row_order)])
     return table.reindex(columns=[c.removeprefix(LABEL_PREFIX) for c in keys]
                          + ["metric"] + models).fillna("")
+
+
+def _key_text(row: pd.Series, column: str) -> str:
+    text = text_of(row[column])
+    if text and column.removeprefix(LABEL_PREFIX) in MODEL_RELATIVE:
+        return f"{text} ({row[LABEL_PREFIX + 'model']})"
+    return text
 
 
 def _cell(row: pd.Series, digits: int) -> str:
@@ -77,8 +87,12 @@ def _cell(row: pd.Series, digits: int) -> str:
 
 def _row_order(key: tuple) -> tuple:
     # dense first (key[0] is False for it), then settings, numbers sorted as numbers
-    return (key[0],) + tuple((0, float(v), "") if _is_number(v) else (1, 0.0, v)
-                             for v in key[1:])
+    return (key[0],) + tuple(_number_first(v) for v in key[1:])
+
+
+def _number_first(text: str) -> tuple:
+    head, _, rest = text.partition(" (")
+    return (0, float(head), rest) if _is_number(head) else (1, 0.0, text)
 
 
 def _is_number(text: str) -> bool:
@@ -106,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     note = ("Each cell: mean (seeds) · change over the model's own dense value · paired p against "
             "the study's baseline (t-test over seeds). Models are evaluated on their own text, so "
             "compare directions and relative changes across columns, not absolute perplexities. "
-            f"Built from {', '.join(args.tables)}.")
+            "Layer counts are each model's own (\"6 (smollm2_135m)\": 6 of its layers), so depth "
+            f"rows are not joined across models. Built from {', '.join(args.tables)}.")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(to_markdown(table, [note]))
     print(f"wrote {args.out}")
