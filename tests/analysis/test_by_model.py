@@ -78,3 +78,10 @@ def test_layer_counts_are_not_joined_across_models():
     assert list(table["layers_removed"]) == ["6 (real)", "6 (real)", "6 (small)", "6 (small)",
                                              "8 (real)", "8 (real)"]
     assert (table[["small", "real"]] != "").sum(axis=1).eq(1).all()   # one model per row
+
+
+def test_a_foreign_csv_is_one_line(tmp_path, capsys):
+    foreign = tmp_path / "other.csv"
+    foreign.write_text("a,b\n1,2\n")
+    assert by_model.main([str(foreign), "--out", str(tmp_path / "x.md")]) == 2
+    assert "is not a table.csv written by prunelab-aggregate" in capsys.readouterr().err

@@ -25,7 +25,7 @@ import pandas as pd
 from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns
 from prunelab.analysis.render import (choose_decimals, format_change, format_mean, p_text,
                                       text_of, to_markdown)
-from prunelab.analysis.tables import read_summary_csv
+from prunelab.analysis.tables import numeric_first, read_summary_csv
 
 # Labels that name the model or its data rather than the setting: never part of the row key.
 NOT_SETTING = ("model", "calibration")
@@ -91,16 +91,8 @@ def _row_order(key: tuple) -> tuple:
 
 
 def _number_first(text: str) -> tuple:
-    head, _, rest = text.partition(" (")
-    return (0, float(head), rest) if _is_number(head) else (1, 0.0, text)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+    head, _, rest = text.partition(" (")   # "6 (smollm2_135m)": by the number, then the model
+    return numeric_first(head) + (rest,)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,8 +105,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = [path for path in args.tables if not Path(path).is_file()]
         if missing:
             raise AnalysisError(f"no such table: {', '.join(missing)}")
-        table = side_by_side([read_summary_csv(path) for path in args.tables])
-    except AnalysisError as error:
+        summaries = []
+        for path in args.tables:
+            summary = read_summary_csv(path)
+            needed = {"setting", "metric", "mean", "is_dense", LABEL_PREFIX + "model"}
+            if not needed <= set(summary.columns):
+                raise AnalysisError(f"{path} is not a table.csv written by prunelab-aggregate "
+                                    f"(no {', '.join(sorted(needed - set(summary.columns)))})")
+            summaries.append(summary)
+        table = side_by_side(summaries)
+    except (AnalysisError, ValueError) as error:
         print(f"by_model: error: {error}", file=sys.stderr)
         return 2
     note = ("Each cell: mean (seeds) · change over the model's own dense value · paired p against "

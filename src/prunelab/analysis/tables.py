@@ -205,7 +205,7 @@ def pivot(summary: pd.DataFrame, index: Sequence[str] | str, columns: str, metri
             f"pivot is ambiguous: several settings share {', '.join(index + [columns])}; "
             "add a label to the index (e.g. allocation)")
     grid = settings.pivot(index=index, columns=columns, values=values)
-    grid = grid[sorted(grid.columns, key=_numeric_first)]
+    grid = grid[sorted(grid.columns, key=numeric_first)]
     if not dense.empty:
         dense_rows = []
         for _, row in dense.iterrows():
@@ -292,7 +292,8 @@ def _sort_key(series: pd.Series) -> pd.Series:
     return series.astype(str)
 
 
-def _numeric_first(value: Any) -> tuple:
+def numeric_first(value: Any) -> tuple:
+    """Sort key: numbers (as numbers) before text."""
     try:
         return (0, float(value), "")
     except (TypeError, ValueError):

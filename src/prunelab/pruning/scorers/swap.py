@@ -7,7 +7,8 @@ score s(i) = min over probed partners j of d(i, j); layers are removed by ascend
 two adjacent (`selector: nonadjacent`, the paper's rule) or, as the clustered variant, adjacent
 ones allowed (`selector: lowest`).
 Select with `pruning=depth pruning/scorer=swap_interchange` or `pruning/scorer=swap_replacement`.
-Both matrices, the per-pair gap (replacement - interchange) and the probe's cost go into the record.
+Both matrices, the per-pair gap (replacement - interchange), the probe's cost and whether this run
+measured it (`measured_here`; a sweep reads it from the calibration cache) go into the record.
 """
 
 from __future__ import annotations
@@ -41,23 +42,29 @@ class SwapKL:
         self.name = f"swap_{protocol}"
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
-        result = self.probe(ctx)
+        result, measured = self.probe(ctx)
         distance = result.interchange if self.protocol == "interchange" else result.replacement
-        return LayerScores(per_layer=layer_scores(distance), details={"swap_probe": result.to_dict()})
+        # the probe's cost is the measurement's; `measured_here` says whether this run paid it
+        details = {"swap_probe": {**result.to_dict(), "measured_here": measured}}
+        return LayerScores(per_layer=layer_scores(distance), details=details)
 
-    def probe(self, ctx: PruneContext) -> SwapProbeResult:
+    def probe(self, ctx: PruneContext) -> tuple[SwapProbeResult, bool]:
         """Both matrices, measured once per model, calibration data and probe settings: the
         interchange and replacement scorers of a sweep (every depth) share one probe, the costly
-        part (minutes on a real model), through the calibration cache."""
+        part (minutes on a real model), through the calibration cache. Returns (result, whether
+        it was measured in this call rather than read from the cache)."""
+        measured = []
         batch_size = self.batch_size or ctx.batch_size
         params = {"max_distance": self.max_distance, "reduce": self.reduce,
                   "positions": self.positions, "nsamples": self.nsamples, "batch_size": batch_size}
 
         def measure() -> dict:
+            measured.append(True)
             samples = ctx.calibration()
             samples = samples[: self.nsamples] if self.nsamples else samples
             inputs = capture_layer_inputs(ctx.loaded.adapter, samples, batch_size)
             return SwapProbe(ctx.loaded.adapter, self.max_distance, self.reduce, self.positions,
                              progress=ctx.progress).run(inputs).to_tensors()
 
-        return SwapProbeResult.from_tensors(cached(ctx, "swap_probe", params, measure))
+        result = SwapProbeResult.from_tensors(cached(ctx, "swap_probe", params, measure))
+        return result, bool(measured)
