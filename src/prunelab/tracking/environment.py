@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
 import subprocess
@@ -39,13 +40,25 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def hardware() -> dict[str, Any]:
+    """Where the run ran. `cpu_capability` is the SIMD level torch's CPU kernels dispatch to: two
+    machines that differ in it (or in CPU) can round differently, enough to move a pruning mask."""
     gpus = []
     if torch.cuda.is_available():
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    import os
-
     return {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
+            "cpu_model": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpus": gpus}
 
 
