@@ -116,7 +116,8 @@ def test_cli_run_writes_a_complete_record_and_resumes(tiny_model_dirs, text_file
         assert record[field] is not None, field
     assert {"git_sha", "git_dirty", "libraries", "hardware"} <= record["environment"].keys()
     hardware = record["environment"]["hardware"]
-    assert hardware["cpu_model"] and hardware["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert hardware["cpu_model"]
+    assert hardware["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     stages = {"load", "dense_eval", "allocate", "prune", "recover", "evaluate", "total"}
     assert stages <= record["timings"].keys()
     assert "score" not in record["timings"]  # weight pruning allocates; only depth pruning scores

@@ -136,7 +136,7 @@ def test_both_swap_scorers_share_one_cached_probe(tiny_model_dirs, tmp_path, mon
     assert len(runs) == 1
     assert fresh.details["swap_probe"].pop("measured_here") is True
     assert again.details["swap_probe"].pop("measured_here") is False   # the record says so
-    other.details["swap_probe"].pop("measured_here")
+    assert other.details["swap_probe"].pop("measured_here") is False  # read from the cache too
     assert again.per_layer == fresh.per_layer and again.details == fresh.details
     assert other.details == fresh.details                      # one probe, both matrices
     SwapKL("interchange", max_distance=1).score(ctx, request)  # other settings: measured anew
