@@ -61,12 +61,14 @@ class DenseStatistics:
         """compute() once per model, calibration data (if used), statistic and params."""
         return cached(self.ctx, statistic, params, compute, uses_calibration)
 
-    def squared_input_norms(self) -> list[dict[str, torch.Tensor]]:
-        """Per layer, role -> [in] Wanda's squared input norms ||X_j||^2 over the calibration."""
+    def squared_input_norms(self, arithmetic: str = "reference") -> list[dict[str, torch.Tensor]]:
+        """Per layer, role -> [in] Wanda's squared input norms ||X_j||^2 over the calibration, in
+        the Wanda repository's arithmetic unless told otherwise (`SquaredColumnNorm`)."""
         def compute():
-            stats = self._role_pass(SquaredColumnNorm, "dense pass: squared input norms")
+            make = partial(SquaredColumnNorm, arithmetic=arithmetic)
+            stats = self._role_pass(make, "dense pass: squared input norms")
             return [{role: s.value.cpu() for role, s in layer.items()} for layer in stats]
-        return self.cached("squared_column_norm", {}, compute)
+        return self.cached("squared_column_norm", {"arithmetic": arithmetic}, compute)
 
     def abs_histograms(self, bins: int, low: float, high: float) -> torch.Tensor:
         """[layers, bins + 2] counts of |activation| entering each layer's linears (all roles)."""

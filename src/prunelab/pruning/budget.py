@@ -3,16 +3,15 @@
 A mask can only prune whole entries: `row` prunes floor(s x in) of every row, `matrix` and each
 128-column block floor(s x size). With a non-uniform allocation (0.537, 0.462, ...) on narrow
 matrices these floors drift the overall sparsity below the target by up to one row of zeros per
-linear. `rounding: carry` (the default) visits the linears in pruning order, asks each mask for the
-count nearest to what the targets want so far minus what was measured so far, and carries the
-remainder to the next linear, so the overall sparsity over all pruned linears ends within one
-rounding unit of the last linear (well inside 0.001). `rounding: floor` passes each layer's target
-to the mask unchanged, as the reference code does.
+linear. `rounding: carry` visits the linears in pruning order, asks each mask for the count
+nearest to what the targets want so far minus what was measured so far, and carries the remainder
+to the next linear, so the overall sparsity over all pruned linears ends within one rounding unit of
+the last linear (well inside 0.001). `rounding: floor` (the default: what every reference does)
+passes each layer's target to the mask unchanged.
 
-At a uniform 0.5 with `ties: exact` both agree bit for bit (every count is exact). Note that `carry`
-measures zeros after pruning, so extra zeros (SparseGPT's dead inputs, `ties: reference` pruning
-k + 1 and every tie) are compensated too: only `ties: reference` with `rounding: floor` reproduces
-the reference's masks (measured: 0 differing mask entries that way, 125 to 309 otherwise).
+At a uniform 0.5 with `ties: exact` both agree bit for bit (every count is exact). `carry` measures
+zeros after pruning, so extra zeros (SparseGPT's dead inputs, `ties: reference` pruning k + 1 and
+every tie) are compensated too: it departs from the references' masks even at a uniform target.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ def check_rounding(rounding: str) -> None:
 class SparsityBudget:
     """Running account of wanted and measured zeros over the linears pruned so far."""
 
-    def __init__(self, rounding: str = "carry"):
+    def __init__(self, rounding: str = "floor"):
         check_rounding(rounding)
         self.rounding = rounding
         self.wanted = 0.0  # zeros the layer targets ask for, over the linears recorded so far

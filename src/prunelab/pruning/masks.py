@@ -6,10 +6,9 @@ Comparison groups (which weights compete for the kept slots):
 - block128: one threshold per 128-column block over all rows (SparseGPT's unstructured mask).
 
 Ties: `exact` prunes exactly k = floor(s x group size) entries, lowest scores first, ties broken by
-position (stable sort). `reference` is the Wanda-repo magnitude and SparseGPT threshold quirk:
-everything <= the k-th smallest score (0-based index k) is pruned, i.e. k + 1 entries and every tie.
-A method reproduces the reference's masks only with `ties: reference` and `rounding: floor`
-(`pruning.budget`; `rounding: carry` compensates the extra zeros).
+position (stable sort): Wanda's reference rule (per row). `reference` is the magnitude and
+SparseGPT references' threshold rule: everything <= the k-th smallest score (0-based index k) is
+pruned, i.e. k + 1 entries and every tie. Each method's default is its own reference's rule.
 N:M prunes the n lowest of every m consecutive input weights of a row, ties in torch.topk order.
 """
 
