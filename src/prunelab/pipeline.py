@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prunelab.context import PruneContext
+from prunelab.context import PruneContext, PruneReport
 from prunelab.data import CalibrationSpec, DataSpec, TokenCache, calibration_samples
 from prunelab.evaluation import EvaluationSpec, PerplexityEvaluator, dense_cache
 from prunelab.evaluation.metrics import Metric
@@ -144,14 +144,37 @@ def dense_metrics(evaluators: list, loaded: LoadedModel, cache_dir: Path | None)
     return metrics
 
 
-def build_evaluators(setup: RunSetup, cache: TokenCache) -> list:
+def build_evaluators(evaluation: EvaluationSpec, data: DataSpec, cache: TokenCache | None,
+                     progress: bool = True) -> list:
+    """The evaluators an evaluation spec asks for, on the data spec's corpora."""
     evaluators: list = []
-    if setup.evaluation.perplexity is not None:
-        evaluators.append(PerplexityEvaluator(setup.evaluation.perplexity, setup.data.eval_corpora,
-                                              setup.data.eval_paths, cache, setup.progress))
-    if setup.evaluation.zeroshot is not None:
-        evaluators.append(setup.evaluation.zeroshot.build(progress=setup.progress))
+    if evaluation.perplexity is not None:
+        evaluators.append(PerplexityEvaluator(evaluation.perplexity, data.eval_corpora, data.eval_paths,
+                                              cache, progress))
+    if evaluation.zeroshot is not None:
+        evaluators.append(evaluation.zeroshot.build(progress=progress))
     return evaluators
+
+
+def prune_and_recover(ctx: PruneContext, pruning: PruningMethod, recovery: Recovery,
+                      clock: StageClock) -> tuple[PruneReport, dict[str, Any]]:
+    """allocate or score -> prune -> recover on ctx's model, in place, each stage timed."""
+    stage, plan = first_stage(pruning)
+    with clock(stage):
+        planned = plan(ctx)  # layer targets (allocate) or layer scores (score)
+    with clock("prune"):
+        report = pruning.prune(ctx, planned)
+    with clock("recover"):
+        recovered = recovery.recover(RecoveryContext(ctx, report))
+    return report, recovered
+
+
+def pruning_summary(loaded: LoadedModel, report: PruneReport, recovered: dict[str, Any]) -> dict[str, Any]:
+    """What pruning did, as the record keeps it: sparsity per layer, pruned parameter counts, the
+    method's details (removed layers, allocation, scores) and the recovery's."""
+    return {"sparsity": sparsity_report(loaded.adapter, report.layer_targets),
+            "parameters_pruned": parameter_counts(loaded.adapter),
+            "pruning": {"removed_layers": report.removed_layers, **report.details, "recovery": recovered}}
 
 
 def run(setup: RunSetup) -> dict[str, Any]:
@@ -191,7 +214,7 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         check_calibration_context(setup.data.calibration, loaded.config)
         record["model"] = {"identity": model_identity(loaded), "key": identity_key(loaded)}
         record["parameters"] = {"dense": parameter_counts(loaded.adapter)}
-        evaluators = build_evaluators(setup, cache)
+        evaluators = build_evaluators(setup.evaluation, setup.data, cache, setup.progress)
         with clock("dense_eval"):
             record["metrics"] = {"dense": dense_metrics(evaluators, loaded, setup.cache_dir)}
 
@@ -207,17 +230,10 @@ def _run(setup: RunSetup) -> dict[str, Any]:
 
         ctx = PruneContext(loaded, setup.seed, calibration, setup.calibration_batch_size, setup.progress,
                            setup.cache_dir)
-        stage, plan = first_stage(setup.pruning)
-        with clock(stage):
-            planned = plan(ctx)  # layer targets (allocate) or layer scores (score)
-        with clock("prune"):
-            report = setup.pruning.prune(ctx, planned)
-        with clock("recover"):
-            recovery = setup.recovery.recover(RecoveryContext(ctx, report))
-        record["sparsity"] = sparsity_report(loaded.adapter, report.layer_targets)
-        record["parameters"]["pruned"] = parameter_counts(loaded.adapter)
-        record["pruning"] = {"removed_layers": report.removed_layers, **report.details,
-                             "recovery": recovery}
+        report, recovered = prune_and_recover(ctx, setup.pruning, setup.recovery, clock)
+        summary = pruning_summary(loaded, report, recovered)
+        record["sparsity"], record["pruning"] = summary["sparsity"], summary["pruning"]
+        record["parameters"]["pruned"] = summary["parameters_pruned"]
         with clock("evaluate"):
             record["metrics"]["pruned"] = {k: m.to_dict() for k, m in evaluate_all(evaluators, loaded).items()}
         if setup.save_model:

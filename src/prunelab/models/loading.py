@@ -87,6 +87,23 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None) -> LoadedMo
     return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, source)
 
 
+def wrap_model(model: torch.nn.Module, tokenizer, label: str | None = None) -> LoadedModel:
+    """A model already in memory (a notebook's `from_pretrained`, a trainer's model) as a
+    LoadedModel with its adapter; an unsupported architecture is a clear error."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "model_type"):
+        raise ModelCheckError(f"{type(model).__name__} has no Hugging Face config: pass a "
+                              "transformers causal LM (AutoModelForCausalLM.from_pretrained(...))")
+    architecture = architecture_for(config.model_type)
+    name = getattr(config, "_name_or_path", "") or type(model).__name__
+    if name.startswith((".", "/", "~")) and not Path(name).expanduser().exists():
+        name = type(model).__name__  # saved from a folder that is gone: named by its class
+    device = next(model.parameters()).device
+    spec = ModelSpec(name_or_path=name, label=label or Path(name).name or None,
+                     device=device.type if device.type in ("cpu", "cuda") else "auto")
+    return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, name)
+
+
 def model_identity(loaded: LoadedModel) -> dict[str, Any]:
     """What identifies the dense weights (cache keys): source, revision, dtype, weight files."""
     identity: dict[str, Any] = {"source": loaded.source, "revision": loaded.spec.revision,

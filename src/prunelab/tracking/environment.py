@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import resource
@@ -18,9 +19,15 @@ LIBRARIES = ("torch", "transformers", "tokenizers", "datasets", "lm_eval", "hydr
 
 
 def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
-    """Commit sha and whether the work tree differs from it (None outside a git checkout)."""
+    """Commit sha and whether the work tree differs from it, when prunelab runs from a git checkout
+    of its own source (an editable install); None otherwise. A wheel installed into a venv that sits
+    inside some checkout is not that checkout's code, so the checkout must contain this package."""
     where = Path(cwd or Path(__file__).resolve().parent)
     try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        if cwd is None and Path(top) / "src" / "prunelab" != Path(__file__).resolve().parents[1]:
+            return {"git_sha": None, "git_dirty": None}
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
@@ -28,6 +35,24 @@ def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
         return {"git_sha": sha, "git_dirty": bool(dirty)}
     except (OSError, subprocess.SubprocessError):
         return {"git_sha": None, "git_dirty": None}
+
+
+def package_info() -> dict[str, Any]:
+    """prunelab's version and how it was installed: `editable` (a checkout), `vcs` (pip install
+    git+URL: the commit pip recorded), `archive` (a wheel or sdist) or `source` (not installed)."""
+    try:
+        dist = metadata.distribution("prunelab")
+    except metadata.PackageNotFoundError:
+        return {"name": "prunelab", "version": None, "install": "source", "commit": None}
+    info: dict[str, Any] = {"name": "prunelab", "version": dist.version, "install": "archive", "commit": None}
+    direct = dist.read_text("direct_url.json")
+    if direct:
+        url = json.loads(direct)
+        if url.get("dir_info", {}).get("editable"):
+            info["install"] = "editable"
+        elif "vcs_info" in url:
+            info.update(install="vcs", commit=url["vcs_info"].get("commit_id"))
+    return info
 
 
 def library_versions() -> dict[str, str | None]:
@@ -63,8 +88,13 @@ def hardware() -> dict[str, Any]:
 
 
 def environment() -> dict[str, Any]:
-    return {**git_state(), "python": sys.version.split()[0], "libraries": library_versions(),
-            "hardware": hardware()}
+    """Where and with what code the run ran. `git_sha` is the checkout's commit (editable installs)
+    or the one pip recorded for `pip install git+URL`; `package` says which."""
+    state, package = git_state(), package_info()
+    if state["git_sha"] is None and package["commit"]:
+        state = {"git_sha": package["commit"], "git_dirty": False}
+    return {**state, "package": package, "python": sys.version.split()[0],
+            "libraries": library_versions(), "hardware": hardware()}
 
 
 def peak_memory() -> dict[str, int | None]:

@@ -1,0 +1,90 @@
+"""The Python API: prunelab.prune / evaluate / run on in-memory tiny models, against the CLI's path."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_cli import tiny_run_overrides
+from tiny import TEXT, VOCAB
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import prunelab
+from prunelab.context import PruneContext
+from prunelab.errors import ConfigError
+from prunelab.models import ModelSpec, load_model
+from prunelab.pruning.wanda import Wanda
+
+
+@pytest.fixture
+def llama(tiny_model_dirs):
+    path = tiny_model_dirs["llama"]
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+def zeros(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach() == 0 for n, p in model.named_parameters() if n.endswith("proj.weight")}
+
+
+def test_prune_in_memory_model_equals_the_pipelines_method(llama, tiny_model_dirs):
+    model, tokenizer = llama
+    ids = torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(0))
+    report = prunelab.prune(model, tokenizer, method="wanda", sparsity=0.5, calibration=ids, progress=False)
+    assert report["labels"]["method"] == "wanda" and abs(report["sparsity"]["overall"] - 0.5) < 1e-9
+    assert report["parameters"]["pruned"]["nonzero"] < report["parameters"]["dense"]["nonzero"]
+    # the same method through the pipeline's objects (what a CLI run builds) gives the same masks
+    loaded = load_model(ModelSpec(name_or_path=str(tiny_model_dirs["llama"]), device="cpu"))
+    method = Wanda(sparsity=0.5)
+    method.prune(PruneContext(loaded, 0, lambda: ids, progress=False),
+                 method.allocate(PruneContext(loaded, 0, lambda: ids, progress=False)))
+    mine, theirs = zeros(model), zeros(loaded.model)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def test_prune_accepts_texts_and_method_options(llama):
+    model, tokenizer = llama
+    report = prunelab.prune(model, tokenizer, method="sparsegpt", sparsity=0.5, sparsity_type="2:4",
+                            calibration=[TEXT], nsamples=4, seqlen=16, progress=False)
+    assert report["labels"]["sparsity_type"] == "2:4"
+    for name, mask in zeros(model).items():
+        assert (mask.view(mask.shape[0], -1, 4).sum(-1) >= 2).all(), name
+
+
+def test_depth_pruning_with_a_scorer_and_a_recovery(llama):
+    model, tokenizer = llama
+    layers = model.config.num_hidden_layers
+    ids = torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(1))
+    report = prunelab.prune(model, tokenizer, method="depth", scorer="angular", num_layers=1,
+                            recovery="ghosted", calibration=ids, progress=False)
+    assert len(report["pruning"]["removed_layers"]) == 1
+    assert model.config.num_hidden_layers == layers - 1 and report["labels"]["recovery"] == "ghosted"
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
+def test_bad_settings_are_one_line_errors_with_close_names(llama):
+    model, tokenizer = llama
+    with pytest.raises(ConfigError, match="did you mean sparsity_type"):
+        prunelab.prune(model, tokenizer, method="wanda", sparsty_type="2:4", calibration="testbed")
+    with pytest.raises(ConfigError, match="did you mean wanda"):
+        prunelab.prune(model, tokenizer, method="wandaa")
+    with pytest.raises(ConfigError, match="needs calibration data"):
+        prunelab.prune(copy.deepcopy(model), tokenizer, method="wanda", progress=False)
+    report = prunelab.prune(model, tokenizer, method="magnitude", sparsity=0.3, progress=False)  # data-free
+    assert abs(report["sparsity"]["overall"] - 0.3) < 0.01
+
+
+def test_run_and_evaluate_give_the_cli_records_metrics(tiny_model_dirs, text_file, tmp_path):
+    overrides = tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path)
+    record = prunelab.run(overrides)
+    assert record["status"] == "completed" and record["environment"]["package"]["version"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    evaluation = [o for o in overrides if o.startswith(("evaluation.", "data."))]
+    metrics = prunelab.evaluate(model, tokenizer, data="local_text", overrides=evaluation, progress=False)
+    dense = record["metrics"]["dense"]
+    assert metrics.keys() == dense.keys()
+    for key, metric in metrics.items():
+        assert metric["protocol"] == dense[key]["protocol"], key
+        assert metric["value"] == pytest.approx(dense[key]["value"], rel=1e-6), key
