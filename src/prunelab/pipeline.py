@@ -16,7 +16,7 @@ import random
 import shutil
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from prunelab.calibration.runner import on_layer_done
 from prunelab.context import PruneContext, PruneReport
 from prunelab.data import CalibrationSpec, DataSpec, TokenCache, calibration_samples
 from prunelab.evaluation import EvaluationSpec, PerplexityEvaluator, dense_cache
@@ -37,10 +38,13 @@ from prunelab.interrupts import catch_termination
 from prunelab.models import LoadedModel, ModelSpec, identity_key, load_model, model_identity
 from prunelab.models.boundary_operators import save_recovered
 from prunelab.pruning.base import PruningMethod, first_stage
-from prunelab.pruning.report import parameter_counts, sparsity_report
+from prunelab.pruning.report import layer_sparsity, parameter_counts, sparsity_report
 from prunelab.recovery.base import Recovery, RecoveryContext
 from prunelab.recovery.plain_loading import save_for_plain_loading
-from prunelab.tracking import Tracker, config_signature, is_completed, read_record, record_path
+from prunelab.tracking import (
+    Tracker, config_signature, is_completed, read_record, record_path, run_names,
+)
+from prunelab.tracking.trackers import scalar_metrics
 from prunelab.tracking.keep import write_keeping_completed
 from prunelab.tracking.saved_model import save_model_folder, saved_model_present
 from prunelab.tracking.environment import environment, peak_memory
@@ -82,9 +86,10 @@ class RunSetup:
 class StageClock:
     """Times named stages and remembers which one is running (for failure records)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_done: Callable[[str, float], None] | None = None) -> None:
         self.timings: dict[str, float] = {}
         self.current: str | None = None
+        self.on_done = on_done  # (stage, seconds) when a stage ends: the tracker streams it
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -95,6 +100,8 @@ class StageClock:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
         log.info("stage %s done in %.1f s", name, self.timings[name])
         self.current = None
+        if self.on_done is not None:
+            self.on_done(name, self.timings[name])
 
 
 def seed_everything(seed: int) -> None:
@@ -177,6 +184,15 @@ def pruning_summary(loaded: LoadedModel, report: PruneReport, recovered: dict[st
             "pruning": {"removed_layers": report.removed_layers, **report.details, "recovery": recovered}}
 
 
+def stream_pruned_layer(tracker: Tracker, clock: StageClock, loaded: LoadedModel, desc: str,
+                        index: int, total: int) -> None:
+    """One tracker step per layer the prune stage finishes: its measured sparsity and the time."""
+    if clock.current != "prune" or index >= loaded.adapter.num_layers:
+        return
+    tracker.log({"prune/layer": index, "prune/layer_sparsity": layer_sparsity(loaded.adapter, index),
+                 "prune/layers_done": (index + 1) / total})
+
+
 def run(setup: RunSetup) -> dict[str, Any]:
     """Run the pipeline once and return the record (also written to `setup.record_file`, or beside
     it when a completed record is there already: see tracking/keep.py).
@@ -202,10 +218,11 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         "started_at": datetime.now(timezone.utc).isoformat(), "failure": None,
         "environment": environment(),
     }
-    clock = StageClock()
+    tracker = setup.tracker
+    clock = StageClock(on_done=lambda stage, seconds: tracker.log({f"time/{stage}_s": seconds}))
     cache = TokenCache(setup.cache_dir / "tokens" if setup.cache_dir else None)
-    setup.tracker.start(name=f"{setup.signature}-seed{setup.seed}", group=setup.signature,
-                        config=setup.config, tags=[t for t in (setup.study,) if t])
+    tracker.start(run_names(record["labels"], setup.seed, setup.signature, setup.study),
+                  {**setup.config, "signature": setup.signature})
     start = time.perf_counter()
     try:
         seed_everything(setup.seed)
@@ -217,6 +234,7 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         evaluators = build_evaluators(setup.evaluation, setup.data, cache, setup.progress)
         with clock("dense_eval"):
             record["metrics"] = {"dense": dense_metrics(evaluators, loaded, setup.cache_dir)}
+        tracker.log(scalar_metrics(record))
 
         drawn: dict[str, torch.Tensor] = {}
 
@@ -230,17 +248,21 @@ def _run(setup: RunSetup) -> dict[str, Any]:
 
         ctx = PruneContext(loaded, setup.seed, calibration, setup.calibration_batch_size, setup.progress,
                            setup.cache_dir)
-        report, recovered = prune_and_recover(ctx, setup.pruning, setup.recovery, clock)
+        with on_layer_done(partial(stream_pruned_layer, tracker, clock, loaded)):
+            report, recovered = prune_and_recover(ctx, setup.pruning, setup.recovery, clock)
         summary = pruning_summary(loaded, report, recovered)
         record["sparsity"], record["pruning"] = summary["sparsity"], summary["pruning"]
         record["parameters"]["pruned"] = summary["parameters_pruned"]
         with clock("evaluate"):
             record["metrics"]["pruned"] = {k: m.to_dict() for k, m in evaluate_all(evaluators, loaded).items()}
+        tracker.log(scalar_metrics(record))
         if setup.save_model:
             with clock("save"):
                 save = partial(save_for_plain_loading, save=save_recovered)  # recovery/plain_loading.py
                 record["saved_model"] = str(save_model_folder(
                     loaded.model, loaded.tokenizer, path.parent / "model", save))
+            tracker.log_artifact(Path(record["saved_model"]), f"model-{setup.signature}-seed{setup.seed}",
+                                 "model", record["labels"])
         record["status"] = "completed"
     except BaseException as err:
         record["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
@@ -255,7 +277,7 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         if setup.output_dir is not None and Path(setup.output_dir).resolve() != path.parent.resolve():
             Path(setup.output_dir).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(written, Path(setup.output_dir) / "result.json")
-        setup.tracker.log_record(record, written)
-        setup.tracker.finish(record["status"])
+        tracker.log_record(record, written)
+        tracker.finish(record["status"])
         log.info("record: %s (%s)", written, record["status"])
     return record

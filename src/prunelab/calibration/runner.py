@@ -15,7 +15,9 @@ whole model's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -126,6 +128,22 @@ class LayerStep:
         return outputs if keep else None
 
 
+_LAYER_LISTENERS: ContextVar[tuple[Callable[[str, int, int], None], ...]] = ContextVar(
+    "layer_listeners", default=())
+
+
+@contextmanager
+def on_layer_done(listener: Callable[[str, int, int], None]) -> Iterator[None]:
+    """Call listener(desc, layer index, number of layers) each time a layer-sequential pass has
+    finished a layer (pruned it and propagated its outputs): how a tracker streams per-layer
+    progress without any method knowing about it."""
+    token = _LAYER_LISTENERS.set(_LAYER_LISTENERS.get() + (listener,))
+    try:
+        yield
+    finally:
+        _LAYER_LISTENERS.reset(token)
+
+
 class LayerSequentialRunner:
     """Visit decoder layers in order, propagating calibration activations between them.
 
@@ -175,6 +193,8 @@ class LayerSequentialRunner:
             self.inputs = LayerInputs(outputs, self.inputs.kwargs)
             step.inputs = self.inputs
             layer.to(home)
+            for listener in _LAYER_LISTENERS.get():
+                listener(self.desc, index, last + 1)
 
     @property
     def outputs(self) -> LayerInputs:

@@ -10,6 +10,13 @@ from prunelab.models.adapter import ModelAdapter
 
 
 @torch.no_grad()
+def layer_sparsity(adapter: ModelAdapter, index: int) -> float:
+    """Fraction of zeros over the linears of decoder layer `index`."""
+    weights = [lin.weight for lin in adapter.linears(adapter.layers[index]).values()]
+    return sum(int((w == 0).sum()) for w in weights) / max(sum(w.numel() for w in weights), 1)
+
+
+@torch.no_grad()
 def sparsity_report(adapter: ModelAdapter, layer_targets: list[float] | None) -> dict[str, Any]:
     """Zeros per linear, per layer and overall, over the prunable linears (decoder layers only)."""
     per_linear: dict[str, float] = {}
