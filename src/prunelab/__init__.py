@@ -17,12 +17,12 @@ try:
 except _metadata.PackageNotFoundError:  # run from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__", "evaluate", "prune", "run"]
+__all__ = ["__version__", "evaluate", "prune", "run", "shipped_model"]
 
 
 def __getattr__(name: str):
     """`prunelab.prune`, `.evaluate` and `.run` import torch and transformers on first use only."""
-    if name in ("prune", "evaluate", "run"):
+    if name in ("prune", "evaluate", "run", "shipped_model"):
         from prunelab import api
 
         return getattr(api, name)

@@ -187,6 +187,15 @@ def calibration_source(calibration, cfg: DictConfig, tokenizer, seed: int, nsamp
     return draw
 
 
+def shipped_model(name: str = "testbed_llama") -> str:
+    """The folder of a model prunelab ships (testbed_llama, testbed_pythia), for from_pretrained."""
+    from prunelab.models.spec import SHIPPED_MODELS, SHIPPED_ROOT
+
+    if name not in SHIPPED_MODELS:
+        raise ConfigError(f"no shipped model {name!r}; shipped: {', '.join(SHIPPED_MODELS)}")
+    return str(SHIPPED_ROOT / name)
+
+
 def summary_line(record: dict[str, Any]) -> str:
     """The run's last log line: each perplexity and the zero-shot average, against dense."""
     dense = record.get("metrics", {}).get("dense", {})

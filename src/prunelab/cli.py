@@ -100,7 +100,11 @@ def main() -> None:
         check_composes(argv)
     except ConfigError as err:
         _fail(str(err))
-    hydra_entry()
+    try:
+        hydra_entry()
+    except BrokenPipeError:  # `prunelab --help | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
     if FAILED_JOBS:
         print(f"prunelab: {len(FAILED_JOBS)} run(s) of the sweep failed (records say why; "
               "relaunch to retry them):", file=sys.stderr)

@@ -1,0 +1,132 @@
+"""One study on several models, side by side: a row per setting, a column per model.
+
+Why: the testbed models check a method's mechanics and a real pretrained model checks the paper's
+claim (the testbed lacks massive activations), so a reader wants both answers in one table. The
+models are evaluated on different text, so their perplexities are not comparable in absolute
+terms: each cell gives the model's own mean, its change over that model's dense value and, where
+the study compares with a baseline, the paired p (t-test over seeds). The inputs are the
+`table.csv` files `prunelab-aggregate` wrote, so nothing is recomputed here.
+
+    python -m prunelab.analysis.by_model results/pals/table.csv results/pals/smollm2/table.csv \
+        --out results/pals/by_model.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns
+from prunelab.analysis.render import (choose_decimals, format_change, format_mean, p_text,
+                                      text_of, to_markdown)
+from prunelab.analysis.tables import numeric_first, read_summary_csv
+
+# Labels that name the model or its data rather than the setting: never part of the row key.
+NOT_SETTING = ("model", "calibration")
+# Labels counted in the model's own units: 6 of 18 layers is not 6 of 30, so such rows are not
+# joined across models; the value names its model instead ("6 (smollm2_135m)").
+MODEL_RELATIVE = ("layers_removed",)
+
+
+def metric_family(metric: str) -> str:
+    """The metric without its corpus: `ppl/testbed/token` and `ppl/realtext/token` are both
+    `ppl/token`, so each model's perplexity on its own text lands in the same row."""
+    return re.sub(r"^ppl/[^/]+/", "ppl/", metric)
+
+
+def side_by_side(summaries: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Join summaries (one or more models each) into one table of strings: the labels that tell
+    settings apart, the metric family, then one column per model, in the order the models first appear."""
+    summary = pd.concat(list(summaries), ignore_index=True)
+    if summary.empty:
+        raise AnalysisError("no rows to put side by side")
+    summary["family"] = summary["metric"].map(metric_family)
+    settings = summary[~summary["is_dense"]]
+    keys = [column for column in label_columns(summary)
+            if column.removeprefix(LABEL_PREFIX) not in NOT_SETTING
+            and (column == LABEL_PREFIX + "method"
+                 or settings[column].astype(str).nunique() > 1)]
+    models = list(dict.fromkeys(summary[LABEL_PREFIX + "model"]))
+    digits = {group: choose_decimals(part["mean"])
+              for group, part in summary.groupby([LABEL_PREFIX + "model", "family"])}
+    rows: dict[tuple, dict[str, str]] = {}
+    for _, row in summary.iterrows():
+        key = ((not row["is_dense"],) + tuple(_key_text(row, column) for column in keys)
+               + (row["family"],))
+        cells = rows.setdefault(key, {column.removeprefix(LABEL_PREFIX): value
+                                      for column, value in zip(keys, key[1:])}
+                                | {"metric": row["family"]})
+        model = row[LABEL_PREFIX + "model"]
+        cells[model] = _cell(row, digits[(model, row["family"])])
+    table = pd.DataFrame([rows[key] for key in sorted(rows, key=_row_order)])
+    return table.reindex(columns=[c.removeprefix(LABEL_PREFIX) for c in keys]
+                         + ["metric"] + models).fillna("")
+
+
+def _key_text(row: pd.Series, column: str) -> str:
+    text = text_of(row[column])
+    if text and column.removeprefix(LABEL_PREFIX) in MODEL_RELATIVE:
+        return f"{text} ({row[LABEL_PREFIX + 'model']})"
+    return text
+
+
+def _cell(row: pd.Series, digits: int) -> str:
+    parts = [format_mean(row, digits), format_change(row, with_std=False)]
+    if row.get("is_baseline"):
+        parts.append("baseline")
+    elif "p_t" in row and np.isfinite(row.get("p_t", np.nan)):
+        parts.append(f"p {p_text(row['p_t'])}")
+    return " · ".join(part for part in parts if part)
+
+
+def _row_order(key: tuple) -> tuple:
+    # dense first (key[0] is False for it), then settings, numbers sorted as numbers
+    return (key[0],) + tuple(_number_first(v) for v in key[1:])
+
+
+def _number_first(text: str) -> tuple:
+    head, _, rest = text.partition(" (")   # "6 (smollm2_135m)": by the number, then the model
+    return numeric_first(head) + (rest,)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prunelab.analysis.by_model",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("tables", nargs="+", help="table.csv files written by prunelab-aggregate")
+    parser.add_argument("--out", required=True, help="markdown file to write")
+    args = parser.parse_args(argv)
+    try:
+        missing = [path for path in args.tables if not Path(path).is_file()]
+        if missing:
+            raise AnalysisError(f"no such table: {', '.join(missing)}")
+        summaries = []
+        for path in args.tables:
+            summary = read_summary_csv(path)
+            needed = {"setting", "metric", "mean", "is_dense", LABEL_PREFIX + "model"}
+            if not needed <= set(summary.columns):
+                raise AnalysisError(f"{path} is not a table.csv written by prunelab-aggregate "
+                                    f"(no {', '.join(sorted(needed - set(summary.columns)))})")
+            summaries.append(summary)
+        table = side_by_side(summaries)
+    except (AnalysisError, ValueError) as error:
+        print(f"by_model: error: {error}", file=sys.stderr)
+        return 2
+    note = ("Each cell: mean (seeds) · change over the model's own dense value · paired p against "
+            "the study's baseline (t-test over seeds). Models are evaluated on their own text, so "
+            "compare directions and relative changes across columns, not absolute perplexities. "
+            "Layer counts are each model's own (\"6 (smollm2_135m)\": 6 of its layers), so depth "
+            f"rows are not joined across models. Built from {', '.join(args.tables)}.")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(to_markdown(table, [note]))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

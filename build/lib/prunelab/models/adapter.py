@@ -1,0 +1,141 @@
+"""One small interface over every supported decoder-only architecture.
+
+Methods, the calibration runner and the evaluators talk to a `ModelAdapter`, never to HF attribute
+paths: the decoder layers, each layer's linears by role, the residual-writing projections, the norms,
+how to run one layer alone, and how to remove layers so that the checkpoint still saves and reloads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from prunelab.models.architectures import Architecture, architecture_for
+
+ROLES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
+
+
+class ModelAdapter:
+    """Architecture-aware access to a loaded `*ForCausalLM` model."""
+
+    def __init__(self, model: nn.Module, architecture: Architecture | None = None):
+        self.model = model
+        self.arch = architecture or architecture_for(model.config.model_type)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def parallel_residual(self) -> bool:
+        return bool(getattr(self.config, "use_parallel_residual", self.arch.parallel_residual))
+
+    # --- structure -----------------------------------------------------------------------------
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.model.get_submodule(self.arch.layers)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def linears(self, layer: nn.Module, roles: Sequence[str] = ROLES) -> dict[str, nn.Linear]:
+        """The layer's linears in forward order, keyed by path relative to the layer."""
+        names: list[str] = []
+        for role in roles:
+            value = getattr(self.arch, role)
+            names.extend(value if isinstance(value, tuple) else (value,))
+        return {name: layer.get_submodule(name) for name in names}
+
+    def linear_groups(self, layer: nn.Module) -> list[dict[str, nn.Linear]]:
+        """Linears grouped by what they read, in forward order (for "true sequential" pruning)."""
+        return [self.linears(layer, (role,)) for role in ROLES]
+
+    def role_of(self, name: str) -> str:
+        for role in ROLES:
+            value = getattr(self.arch, role)
+            if name in (value if isinstance(value, tuple) else (value,)):
+                return role
+        raise KeyError(name)
+
+    def residual_writers(self, layer: nn.Module) -> tuple[nn.Linear, nn.Linear]:
+        """(attention output projection, MLP output projection): what writes into the residual."""
+        return layer.get_submodule(self.arch.attn_out), layer.get_submodule(self.arch.mlp_out)
+
+    def norms(self, layer: nn.Module) -> tuple[nn.Module, nn.Module]:
+        return layer.get_submodule(self.arch.attn_norm), layer.get_submodule(self.arch.mlp_norm)
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.model.get_submodule(self.arch.final_norm)
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def prunable_linears(self) -> dict[str, nn.Linear]:
+        """Every linear inside the decoder layers (embeddings and lm_head are never pruned)."""
+        out: dict[str, nn.Linear] = {}
+        for index, layer in enumerate(self.layers):
+            for name, module in self.linears(layer).items():
+                out[f"layers.{index}.{name}"] = module
+        return out
+
+    # --- running one layer -----------------------------------------------------------------------
+    @staticmethod
+    def call_layer(layer: nn.Module, hidden: torch.Tensor, layer_kwargs: dict[str, Any]) -> torch.Tensor:
+        """Run one decoder layer alone with the keyword arguments captured at layer 0."""
+        out = layer(hidden, **layer_kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm then lm_head: the part of the forward pass after the last decoder layer."""
+        return self.lm_head(self.final_norm(hidden))
+
+    @contextmanager
+    def layers_replaced(self, layers: Sequence[nn.Module]) -> Iterator[None]:
+        """Temporarily run the model with another layer list (the dense layers after depth
+        pruning, a swapped order for a probe); config and layer indices are restored on exit."""
+        parent_path, _, attr = self.arch.layers.rpartition(".")
+        parent = self.model.get_submodule(parent_path)
+        saved, saved_n = getattr(parent, attr), self.config.num_hidden_layers
+        setattr(parent, attr, nn.ModuleList(layers))
+        self.config.num_hidden_layers = len(layers)
+        try:
+            yield
+        finally:
+            setattr(parent, attr, saved)
+            self.config.num_hidden_layers = saved_n
+
+    # --- removing layers -------------------------------------------------------------------------
+    def remove_layers(self, indices: Iterable[int]) -> list[int]:
+        """Delete decoder layers in place; the model then saves and reloads with fewer layers.
+
+        Renumbers each attention's `layer_idx` (the KV cache indexes by it) and shortens
+        per-layer config lists such as Qwen's `layer_types`. Returns the sorted removed indices.
+        """
+        drop = sorted(set(int(i) for i in indices))
+        n = self.num_layers
+        if any(i < 0 or i >= n for i in drop):
+            raise ValueError(f"layer indices {drop} out of range for a model with {n} layers")
+        keep = [i for i in range(n) if i not in drop]
+        new_layers = nn.ModuleList([self.layers[i] for i in keep])
+        parent_path, _, attr = self.arch.layers.rpartition(".")
+        setattr(self.model.get_submodule(parent_path), attr, new_layers)
+        for new_index, layer in enumerate(new_layers):
+            for module in layer.modules():
+                if hasattr(module, "layer_idx"):
+                    module.layer_idx = new_index
+        self.config.num_hidden_layers = len(keep)
+        layer_types = getattr(self.config, "layer_types", None)
+        if isinstance(layer_types, list) and len(layer_types) == n:
+            self.config.layer_types = [layer_types[i] for i in keep]
+        return drop

@@ -1,0 +1,283 @@
+"""One run: load -> allocate or score -> prune -> recover -> evaluate, timed, recorded, tracked.
+
+The stage before `prune` is named for its work (`pruning.base.first_stage`): weight pruning
+allocates per-layer target sparsities, depth pruning scores layers; the record's `timings` use
+that name.
+
+The pipeline never sees architecture details (those live in `models/`) nor Hydra config objects
+(those stop at `cli`). Whatever happens, the run ends with one `result.json`; a failure records the
+stage it happened in and the error, then re-raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from prunelab.calibration.runner import on_layer_done
+from prunelab.context import PruneContext, PruneReport
+from prunelab.data import CalibrationSpec, DataSpec, TokenCache, calibration_samples
+from prunelab.evaluation import EvaluationSpec, PerplexityEvaluator, dense_cache
+from prunelab.evaluation.metrics import Metric
+from prunelab.errors import ConfigError
+from prunelab.files import check_writable
+from prunelab.interrupts import catch_termination
+from prunelab.models import LoadedModel, ModelSpec, identity_key, load_model, model_identity
+from prunelab.models.boundary_operators import save_recovered
+from prunelab.pruning.base import PruningMethod, first_stage
+from prunelab.pruning.report import layer_sparsity, parameter_counts, sparsity_report
+from prunelab.recovery.base import Recovery, RecoveryContext
+from prunelab.recovery.plain_loading import save_for_plain_loading
+from prunelab.tracking import (
+    Tracker, config_signature, is_completed, read_record, record_path, run_names,
+)
+from prunelab.tracking.trackers import scalar_metrics
+from prunelab.tracking.keep import write_keeping_completed
+from prunelab.tracking.saved_model import save_model_folder, saved_model_present
+from prunelab.tracking.environment import environment, peak_memory
+from prunelab.tracking.record import SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSetup:
+    """Everything a run needs, typed; built by `cli` from the composed config."""
+
+    model: ModelSpec
+    data: DataSpec
+    pruning: PruningMethod
+    recovery: Recovery
+    evaluation: EvaluationSpec
+    tracker: Tracker
+    config: dict[str, Any]  # the resolved config, for the record and the signature
+    seed: int = 0
+    study: str | None = None
+    records_dir: Path = Path("records")
+    cache_dir: Path | None = None
+    output_dir: Path | None = None  # Hydra's run folder: gets a copy of the record
+    save_model: bool = False
+    progress: bool = True
+    calibration_batch_size: int = 1
+    skip_completed: bool = True
+
+    @property
+    def signature(self) -> str:
+        return config_signature(self.config)
+
+    @property
+    def record_file(self) -> Path:
+        return record_path(self.records_dir, self.signature, self.seed)
+
+
+class StageClock:
+    """Times named stages and remembers which one is running (for failure records)."""
+
+    def __init__(self, on_done: Callable[[str, float], None] | None = None) -> None:
+        self.timings: dict[str, float] = {}
+        self.current: str | None = None
+        self.on_done = on_done  # (stage, seconds) when a stage ends: the tracker streams it
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self.current = name
+        log.info("stage %s ...", name)
+        start = time.perf_counter()
+        yield
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+        log.info("stage %s done in %.1f s", name, self.timings[name])
+        self.current = None
+        if self.on_done is not None:
+            self.on_done(name, self.timings[name])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_labels(setup: RunSetup) -> dict[str, Any]:
+    calib: CalibrationSpec = setup.data.calibration
+    return {"model": setup.model.display_name, **setup.pruning.labels(), "recovery": setup.recovery.name,
+            "calibration": f"{calib.source}x{calib.nsamples}x{calib.seqlen}"}
+
+
+def check_calibration_context(calib: CalibrationSpec, config) -> None:
+    """Calibration sequences longer than the model's context fail in one line, before scoring."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit and calib.seqlen > limit:
+        raise ConfigError(f"data.calibration.seqlen={calib.seqlen} exceeds the model's context "
+                          f"(max_position_embeddings={limit}); use data.calibration.seqlen<={limit}")
+
+
+def evaluate_all(evaluators: list, loaded: LoadedModel) -> dict[str, Metric]:
+    metrics: dict[str, Metric] = {}
+    for evaluator in evaluators:
+        metrics.update(evaluator.evaluate(loaded.model, loaded.tokenizer))
+    return metrics
+
+
+def dense_metrics(evaluators: list, loaded: LoadedModel, cache_dir: Path | None) -> dict[str, dict]:
+    """Dense metrics under the run's protocols, computed once per model and protocol (cached,
+    checked before use: evaluation/dense_cache.py)."""
+    stamps = {}
+    for evaluator in evaluators:
+        stamps.update(evaluator.protocol_stamps(loaded.model, loaded.tokenizer))
+    identity = model_identity(loaded)
+    path = dense_cache.cache_file(cache_dir, identity, stamps) if cache_dir else None
+    if path and path.exists():
+        cached, problem = dense_cache.read_checked(path, identity, stamps)
+        if cached is not None:
+            log.info("dense metrics from cache %s", path)
+            return cached
+        log.warning("dense-metrics cache %s %s: recomputed", path, problem)
+    metrics = {k: m.to_dict() for k, m in evaluate_all(evaluators, loaded).items()}
+    if path:
+        dense_cache.write(path, identity, stamps, metrics)
+    return metrics
+
+
+def build_evaluators(evaluation: EvaluationSpec, data: DataSpec, cache: TokenCache | None,
+                     progress: bool = True) -> list:
+    """The evaluators an evaluation spec asks for, on the data spec's corpora."""
+    evaluators: list = []
+    if evaluation.perplexity is not None:
+        evaluators.append(PerplexityEvaluator(evaluation.perplexity, data.eval_corpora, data.eval_paths,
+                                              cache, progress))
+    if evaluation.zeroshot is not None:
+        evaluators.append(evaluation.zeroshot.build(progress=progress))
+    return evaluators
+
+
+def prune_and_recover(ctx: PruneContext, pruning: PruningMethod, recovery: Recovery,
+                      clock: StageClock) -> tuple[PruneReport, dict[str, Any]]:
+    """allocate or score -> prune -> recover on ctx's model, in place, each stage timed."""
+    stage, plan = first_stage(pruning)
+    with clock(stage):
+        planned = plan(ctx)  # layer targets (allocate) or layer scores (score)
+    with clock("prune"):
+        report = pruning.prune(ctx, planned)
+    with clock("recover"):
+        recovered = recovery.recover(RecoveryContext(ctx, report))
+    return report, recovered
+
+
+def pruning_summary(loaded: LoadedModel, report: PruneReport, recovered: dict[str, Any]) -> dict[str, Any]:
+    """What pruning did, as the record keeps it: sparsity per layer, pruned parameter counts, the
+    method's details (removed layers, allocation, scores) and the recovery's."""
+    return {"sparsity": sparsity_report(loaded.adapter, report.layer_targets),
+            "parameters_pruned": parameter_counts(loaded.adapter),
+            "pruning": {"removed_layers": report.removed_layers, **report.details, "recovery": recovered}}
+
+
+def stream_pruned_layer(tracker: Tracker, clock: StageClock, loaded: LoadedModel, desc: str,
+                        index: int, total: int) -> None:
+    """One tracker step per layer the prune stage finishes: its measured sparsity and the time."""
+    if clock.current != "prune" or index >= loaded.adapter.num_layers:
+        return
+    tracker.log({"prune/layer": index, "prune/layer_sparsity": layer_sparsity(loaded.adapter, index),
+                 "prune/layers_done": (index + 1) / total})
+
+
+def run(setup: RunSetup) -> dict[str, Any]:
+    """Run the pipeline once and return the record (also written to `setup.record_file`, or beside
+    it when a completed record is there already: see tracking/keep.py).
+
+    SIGTERM and SIGINT end the run with a record whose status is `interrupted`."""
+    with catch_termination():
+        return _run(setup)
+
+
+def _run(setup: RunSetup) -> dict[str, Any]:
+    path = setup.record_file
+    if setup.skip_completed and is_completed(path):
+        done = read_record(path)
+        if not setup.save_model or saved_model_present(done):
+            log.info("already completed, skipping: %s (runtime.skip_completed=false reruns it)", path)
+            return done
+        log.warning("already completed but its model was not saved: running again to save it "
+                    "(the completed record is kept aside)")
+    check_writable(setup.records_dir, "the records folder")  # before any model is loaded
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "status": "failed", "signature": setup.signature,
+        "seed": setup.seed, "study": setup.study, "labels": build_labels(setup), "config": setup.config,
+        "started_at": datetime.now(timezone.utc).isoformat(), "failure": None,
+        "environment": environment(),
+    }
+    tracker = setup.tracker
+    clock = StageClock(on_done=lambda stage, seconds: tracker.log({f"time/{stage}_s": seconds}))
+    cache = TokenCache(setup.cache_dir / "tokens" if setup.cache_dir else None)
+    tracker.start(run_names(record["labels"], setup.seed, setup.signature, setup.study),
+                  {**setup.config, "signature": setup.signature})
+    start = time.perf_counter()
+    try:
+        seed_everything(setup.seed)
+        with clock("load"):
+            loaded = load_model(setup.model, setup.cache_dir)
+        check_calibration_context(setup.data.calibration, loaded.config)
+        record["model"] = {"identity": model_identity(loaded), "key": identity_key(loaded)}
+        record["parameters"] = {"dense": parameter_counts(loaded.adapter)}
+        evaluators = build_evaluators(setup.evaluation, setup.data, cache, setup.progress)
+        with clock("dense_eval"):
+            record["metrics"] = {"dense": dense_metrics(evaluators, loaded, setup.cache_dir)}
+        tracker.log(scalar_metrics(record))
+
+        drawn: dict[str, torch.Tensor] = {}
+
+        def calibration() -> torch.Tensor:
+            if "samples" not in drawn:
+                t0 = time.perf_counter()
+                drawn["samples"] = calibration_samples(setup.data.calibration, loaded.tokenizer,
+                                                       setup.seed, cache)
+                clock.timings["data"] = time.perf_counter() - t0
+            return drawn["samples"]
+
+        ctx = PruneContext(loaded, setup.seed, calibration, setup.calibration_batch_size, setup.progress,
+                           setup.cache_dir)
+        with on_layer_done(partial(stream_pruned_layer, tracker, clock, loaded)):
+            report, recovered = prune_and_recover(ctx, setup.pruning, setup.recovery, clock)
+        summary = pruning_summary(loaded, report, recovered)
+        record["sparsity"], record["pruning"] = summary["sparsity"], summary["pruning"]
+        record["parameters"]["pruned"] = summary["parameters_pruned"]
+        with clock("evaluate"):
+            record["metrics"]["pruned"] = {k: m.to_dict() for k, m in evaluate_all(evaluators, loaded).items()}
+        tracker.log(scalar_metrics(record))
+        if setup.save_model:
+            with clock("save"):
+                save = partial(save_for_plain_loading, save=save_recovered)  # recovery/plain_loading.py
+                record["saved_model"] = str(save_model_folder(
+                    loaded.model, loaded.tokenizer, path.parent / "model", save))
+            tracker.log_artifact(Path(record["saved_model"]), f"model-{setup.signature}-seed{setup.seed}",
+                                 "model", record["labels"])
+        record["status"] = "completed"
+    except BaseException as err:
+        record["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+        record["failure"] = {"stage": clock.current or "setup", "error_type": type(err).__name__,
+                             "message": str(err), "traceback": traceback.format_exc()}
+        raise
+    finally:
+        clock.timings["total"] = time.perf_counter() - start
+        record.update(timings=clock.timings, peak_memory=peak_memory(),
+                      finished_at=datetime.now(timezone.utc).isoformat())
+        written = write_keeping_completed(path, record)
+        if setup.output_dir is not None and Path(setup.output_dir).resolve() != path.parent.resolve():
+            Path(setup.output_dir).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(written, Path(setup.output_dir) / "result.json")
+        tracker.log_record(record, written)
+        tracker.finish(record["status"])
+        log.info("record: %s (%s)", written, record["status"])
+    return record

@@ -1,0 +1,77 @@
+"""Depth pruning: remove whole decoder layers chosen by a layer scorer and a selector.
+
+The scorers reproduce ShortGPT (Men et al. 2024), angular distance (Gromov et al. 2024),
+LLM-Streamline (Chen et al. 2024), SLEB (Song et al. 2024), Shortened LLaMA (Kim et al. 2024),
+random selection and WRP (seed method); see `pruning/scorers/`.
+  1. score: the scorer rates the dense model's layers (per layer, per block, an order or all pairs).
+  2. select: `selector` picks `num_layers` layers to remove, never a protected one.
+  3. prune: the layers are deleted (`adapter.remove_layers`: layer_idx renumbered, config fixed), so
+     the model saves and reloads with fewer layers; the dense layer list stays in the report.
+Select with `pruning=depth` (scorer `block_influence` by default; `pruning/scorer=<name>`).
+`selector: auto` uses the scorer's own (ShortGPT: lowest, angular/streamline: contiguous,
+SLEB: iterative, WRP: cluster). `plus_rule: null` follows the scorer's reference (on for
+Shortened LLaMA's Magnitude+ and Taylor+).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prunelab.context import PruneContext, PruneReport
+from prunelab.errors import ConfigError
+from prunelab.pruning.scorers.base import LayerScorer, LayerScores, ScoreRequest
+from prunelab.pruning.selectors import SELECTORS, check_removable, protected_layers, select
+
+log = logging.getLogger(__name__)
+
+
+class DepthPruning:
+    name = "depth"
+
+    def __init__(self, scorer: LayerScorer, num_layers: int = 2, selector: str = "auto",
+                 protect_first: int = 0, protect_last: int = 0, plus_rule: bool | None = None):
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
+            raise ConfigError(f"pruning.num_layers must be a non-negative integer, not {num_layers!r}")
+        if min(protect_first, protect_last) < 0:
+            raise ConfigError("pruning.protect_first and pruning.protect_last must be >= 0")
+        if selector not in SELECTORS:
+            raise ConfigError(f"pruning.selector must be one of {SELECTORS}, not {selector!r}")
+        resolved = scorer.selectors[0] if selector == "auto" else selector
+        if resolved not in scorer.selectors:
+            raise ConfigError(f"scorer {scorer.name} supports selector {' or '.join(scorer.selectors)}, "
+                              f"not {selector!r}")
+        self.scorer = scorer
+        self.num_layers = num_layers
+        self.selector = resolved
+        self.protect_first = protect_first
+        self.protect_last = protect_last
+        self.plus_rule = scorer.plus_rule if plus_rule is None else bool(plus_rule)
+
+    def labels(self) -> dict[str, Any]:
+        return {"method": self.name, "scorer": self.scorer.name, "selector": self.selector,
+                "layers_removed": self.num_layers}
+
+    def request(self, num_layers: int) -> ScoreRequest:
+        protected = protected_layers(num_layers, self.protect_first, self.protect_last, self.plus_rule)
+        check_removable(num_layers, self.num_layers, protected)
+        return ScoreRequest(num_layers=num_layers, num_remove=self.num_layers, protected=protected)
+
+    def score(self, ctx: PruneContext) -> LayerScores:
+        request = self.request(ctx.loaded.adapter.num_layers)  # bad settings fail before any forward
+        return self.scorer.score(ctx, request)
+
+    def prune(self, ctx: PruneContext, scores: LayerScores) -> PruneReport:
+        adapter = ctx.loaded.adapter
+        dense_layers = list(adapter.layers)
+        request = self.request(len(dense_layers))
+        removed, selection = select(scores, self.selector, self.num_layers, len(dense_layers),
+                                    request.protected)
+        log.info("depth pruning removes layers %s (%s scorer, %s selector)", removed, self.scorer.name,
+                 self.selector)
+        adapter.remove_layers(removed)
+        details = {**scores.record(), "scorer": self.scorer.name, "selector": self.selector,
+                   "protected_layers": sorted(request.protected), "selection": selection,
+                   "layers_before": len(dense_layers), "layers_after": adapter.num_layers}
+        return PruneReport(layer_targets=None, removed_layers=removed, details=details,
+                           dense_layers=dense_layers)

@@ -1,0 +1,48 @@
+"""Measured sparsity and parameter counts of a (pruned) model: what the record reports as actual."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from prunelab.models.adapter import ModelAdapter
+
+
+@torch.no_grad()
+def layer_sparsity(adapter: ModelAdapter, index: int) -> float:
+    """Fraction of zeros over the linears of decoder layer `index`."""
+    weights = [lin.weight for lin in adapter.linears(adapter.layers[index]).values()]
+    return sum(int((w == 0).sum()) for w in weights) / max(sum(w.numel() for w in weights), 1)
+
+
+@torch.no_grad()
+def sparsity_report(adapter: ModelAdapter, layer_targets: list[float] | None) -> dict[str, Any]:
+    """Zeros per linear, per layer and overall, over the prunable linears (decoder layers only)."""
+    per_linear: dict[str, float] = {}
+    per_layer = []
+    total_zeros = total = 0
+    for index, layer in enumerate(adapter.layers):
+        zeros = count = 0
+        for name, linear in adapter.linears(layer).items():
+            z = int((linear.weight == 0).sum())
+            per_linear[f"layers.{index}.{name}"] = z / linear.weight.numel()
+            zeros += z
+            count += linear.weight.numel()
+        per_layer.append({"layer": index, "actual": zeros / count,
+                          "target": None if layer_targets is None else layer_targets[index]})
+        total_zeros += zeros
+        total += count
+    target = None if layer_targets is None else sum(layer_targets) / max(len(layer_targets), 1)
+    return {"target": target, "overall": total_zeros / max(total, 1), "per_layer": per_layer,
+            "per_linear": per_linear}
+
+
+@torch.no_grad()
+def parameter_counts(adapter: ModelAdapter) -> dict[str, int]:
+    params = list(adapter.model.parameters())
+    return {
+        "total": sum(p.numel() for p in params),
+        "nonzero": sum(int((p != 0).sum()) for p in params),
+        "decoder_layers": adapter.num_layers,
+    }

@@ -1,0 +1,63 @@
+"""Shortened LLaMA block criteria: weight magnitude, Taylor, and single-block-removal perplexity.
+
+Kim et al., "Shortened LLaMA: Depth Pruning for Large Language Models", 2024.
+  1. Score every block: Magnitude = sum |W| (no data, no forward pass: the forward-free
+     baseline); Taylor = sum |W * dL/dW| (gradients of the calibration LM loss, summed over batches);
+     PPL = calibration NLL of the model with that one block removed.
+  2. Sum over the block's linear weights (attention and MLP projections).
+  3. Remove the n blocks of lowest score (`selector: lowest`).
+Select with `pruning/scorer=shortened_magnitude`, `shortened_taylor` or `shortened_ppl`.
+The paper's "+" rule (keep blocks 0-3 and the last two) is on by default for the weight criteria
+(Magnitude+, Taylor+) and off for PPL: `pruning.plus_rule=true|false` overrides it.
+"""
+
+from __future__ import annotations
+
+from prunelab.calibration.gradients import gradients_for, next_token_loss
+from prunelab.calibration.hidden_states import calibration_nll, progress_bar
+from prunelab.calibration.runner import batched
+from prunelab.context import PruneContext
+from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
+from prunelab.scoring.layers import taylor_importance, weight_magnitude
+
+
+class BlockMagnitude:
+    name = "shortened_magnitude"
+    selectors = ("lowest", "contiguous")
+    plus_rule = True
+
+    def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
+        adapter = ctx.loaded.adapter
+        scores = [weight_magnitude(lin.weight for lin in adapter.linears(layer).values())
+                  for layer in adapter.layers]
+        return LayerScores(per_layer=scores)
+
+
+class BlockTaylor:
+    name = "shortened_taylor"
+    selectors = ("lowest", "contiguous")
+    plus_rule = True
+
+    def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
+        adapter, model = ctx.loaded.adapter, ctx.loaded.model
+        weights = [[lin.weight for lin in adapter.linears(layer).values()] for layer in adapter.layers]
+        device = model.get_input_embeddings().weight.device
+        with gradients_for(model, (w for ws in weights for w in ws)):
+            batches = batched(ctx.calibration(), ctx.batch_size)
+            for batch in progress_bar(batches, ctx.progress, "taylor"):
+                next_token_loss(model, batch.to(device)).backward()  # batch [B, T]
+            scores = [taylor_importance(ws, [w.grad for w in ws]) for ws in weights]
+        return LayerScores(per_layer=scores)
+
+
+class BlockPerplexity:
+    name = "shortened_ppl"
+    selectors = ("lowest", "contiguous")
+    plus_rule = False
+
+    def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
+        adapter = ctx.loaded.adapter
+        samples, layers = ctx.calibration(), list(adapter.layers)
+        scores = [calibration_nll(adapter, samples, ctx.batch_size, layers=layers[:i] + layers[i + 1:])
+                  for i in progress_bar(range(len(layers)), ctx.progress, "single-block removal")]
+        return LayerScores(per_layer=scores, details={"score": "calibration NLL without the block"})

@@ -1,0 +1,1 @@
+"""Scoring: pure tensor functions that rate weights or layers (higher = more important)."""

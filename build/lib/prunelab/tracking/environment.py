@@ -1,0 +1,104 @@
+"""Facts about where a run ran: code version, libraries, hardware, peak memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LIBRARIES = ("torch", "transformers", "tokenizers", "datasets", "lm_eval", "hydra-core", "omegaconf",
+             "wandb", "accelerate", "safetensors", "numpy", "scipy", "pandas", "prunelab")
+
+
+def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
+    """Commit sha and whether the work tree differs from it, when prunelab runs from a git checkout
+    of its own source (an editable install); None otherwise. A wheel installed into a venv that sits
+    inside some checkout is not that checkout's code, so the checkout must contain this package."""
+    where = Path(cwd or Path(__file__).resolve().parent)
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        if cwd is None and Path(top) / "src" / "prunelab" != Path(__file__).resolve().parents[1]:
+            return {"git_sha": None, "git_dirty": None}
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        return {"git_sha": sha, "git_dirty": bool(dirty)}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_sha": None, "git_dirty": None}
+
+
+def package_info() -> dict[str, Any]:
+    """prunelab's version and how it was installed: `editable` (a checkout), `vcs` (pip install
+    git+URL: the commit pip recorded), `archive` (a wheel or sdist) or `source` (not installed)."""
+    try:
+        dist = metadata.distribution("prunelab")
+    except metadata.PackageNotFoundError:
+        return {"name": "prunelab", "version": None, "install": "source", "commit": None}
+    info: dict[str, Any] = {"name": "prunelab", "version": dist.version, "install": "archive", "commit": None}
+    direct = dist.read_text("direct_url.json")
+    if direct:
+        url = json.loads(direct)
+        if url.get("dir_info", {}).get("editable"):
+            info["install"] = "editable"
+        elif "vcs_info" in url:
+            info.update(install="vcs", commit=url["vcs_info"].get("commit_id"))
+    return info
+
+
+def library_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware() -> dict[str, Any]:
+    """Where the run ran. `cpu_capability` is the SIMD level torch's CPU kernels dispatch to: two
+    machines that differ in it (or in CPU) can round differently, enough to move a pruning mask."""
+    gpus = []
+    if torch.cuda.is_available():
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
+            "cpu_model": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpus": gpus}
+
+
+def environment() -> dict[str, Any]:
+    """Where and with what code the run ran. `git_sha` is the checkout's commit (editable installs)
+    or the one pip recorded for `pip install git+URL`; `package` says which."""
+    state, package = git_state(), package_info()
+    if state["git_sha"] is None and package["commit"]:
+        state = {"git_sha": package["commit"], "git_dirty": False}
+    return {**state, "package": package, "python": sys.version.split()[0],
+            "libraries": library_versions(), "hardware": hardware()}
+
+
+def peak_memory() -> dict[str, int | None]:
+    """Process peak resident memory (bytes) and, on CUDA, peak allocated device memory."""
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
+    cuda = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    return {"cpu_rss_bytes": int(rss_kb) * 1024, "cuda_max_allocated_bytes": cuda}

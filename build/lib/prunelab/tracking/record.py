@@ -1,0 +1,59 @@
+"""The run record (`result.json`): signature, atomic writing, and where records live.
+
+The record format is documented in docs/result_record.md. A record is written once per run, as a
+whole file renamed into place, so a killed job never leaves half a record behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from prunelab.files import atomic_write
+
+SCHEMA_VERSION = 1
+# Keys that do not change what a run computes: runs differing only in these share a signature.
+NON_SIGNATURE_KEYS = ("seed", "paths", "tracking", "runtime", "save_model", "hydra")
+
+
+def config_signature(config: dict[str, Any]) -> str:
+    """16-hex hash of the resolved config without seed, paths, tracking and runtime settings."""
+    kept = {k: v for k, v in config.items() if k not in NON_SIGNATURE_KEYS}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def record_path(records_dir: str | Path, signature: str, seed: int) -> Path:
+    return Path(records_dir) / signature / f"seed{seed}" / "result.json"
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf become null (strict JSON readers reject them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_record(path: str | Path, record: dict[str, Any]) -> Path:
+    """Write JSON atomically: temporary file in the same folder, fsync, rename."""
+    text = json.dumps(_clean(record), indent=1, default=str).encode()
+    return atomic_write(path, lambda handle: handle.write(text), "the record")
+
+
+def read_record(path: str | Path) -> dict[str, Any] | None:
+    """The record at `path`, or None if it is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def is_completed(path: str | Path) -> bool:
+    record = read_record(path)
+    return bool(record) and record.get("status") == "completed"
