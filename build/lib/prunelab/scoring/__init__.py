@@ -1,1 +1,0 @@
-"""Scoring: pure tensor functions that rate weights or layers (higher = more important)."""
