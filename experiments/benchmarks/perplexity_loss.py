@@ -10,7 +10,9 @@ built (/proc/self/clear_refs), then read after the evaluation.
 - `plain_loop`: torch.nn.CrossEntropyLoss on each window's [T-1, V] logits, the mean in float32;
 - `prunelab` (after): `evaluation.perplexity.window_nlls`, the loss over the last dimension a chunk
   of positions at a time, summed in float64.
-Each is compared with a float64 log-softmax of the same logits (the exact value).
+Each is compared with a float64 log-softmax of the same logits (the exact value). The whole
+evaluation's seconds depend on what else the machine runs; `loss_seconds_per_batch` times the loss
+alone, the forms interleaved, on one batch's logits.
 
     python experiments/benchmarks/perplexity_loss.py --out results/benchmarks
 """
@@ -95,6 +97,34 @@ def measure(form: str) -> dict:
             "max_window_error": max(abs(a - b) for a, b in zip(nlls, exact))}
 
 
+def loss_only(repeats: int = 7) -> list[dict]:
+    """Seconds of the loss alone on one batch's logits ([4, 512, V], computed once), each form
+    timed `repeats` times interleaved with the others (median), so a busy machine slows all alike."""
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+
+    from prunelab.evaluation.perplexity import summed_nll
+
+    model, windows = windows_and_model()
+    batch = windows[:4]
+    with torch.no_grad():
+        logits = model(input_ids=batch, use_cache=False).logits.float()  # [4, T, V]
+    forms = {
+        "strided": lambda: F.cross_entropy(logits[:, :-1].transpose(1, 2), batch[:, 1:], reduction="none").mean(1),
+        "plain_loop": lambda: [torch.nn.CrossEntropyLoss()(logits[r, :-1], batch[r, 1:]) for r in range(4)],
+        "prunelab": lambda: [summed_nll(logits[r, :-1], batch[r, 1:]) for r in range(4)],
+    }
+    times: dict[str, list[float]] = {name: [] for name in forms}
+    for _ in range(repeats):
+        for name, form in forms.items():
+            start = time.perf_counter()
+            form()
+            times[name].append(time.perf_counter() - start)
+    return [{"form": name, "loss_seconds_per_batch": statistics.median(t)} for name, t in times.items()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
@@ -111,7 +141,7 @@ def main() -> None:
                              check=True).stdout.strip().splitlines()[-1]
         rows.append(json.loads(out))
         print(rows[-1], flush=True)
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame(rows).merge(pd.DataFrame(loss_only()), on="form")
     table["ppl_relative_error"] = (table["ppl"] / table["ppl_exact"] - 1).abs()
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "perplexity_loss.csv", index=False)
