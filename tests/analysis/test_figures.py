@@ -130,3 +130,26 @@ def test_layer_sparsity_gets_a_panel_per_target(sweep_dir):
 def test_no_profile_data_raises():
     with pytest.raises(records.AnalysisError, match="no per-layer"):
         plots.plot_layer_profile([], kind="scores")
+
+
+def test_legend_leaves_out_labels_implied_by_others(tmp_path):
+    root = tmp_path / "records"
+    for scorer, selector in (("sleb", "iterative"), ("wrp", "cluster")):
+        for layers in (2, 4):
+            labels = {"model": MODEL, "method": "depth", "scorer": scorer, "selector": selector,
+                      "layers_removed": layers}
+            write_record(root, signature_for(f"{scorer}{layers}"), 0, labels,
+                         {PPL: {"value": 3.0 + layers, "higher_is_better": False}})
+    figure = plots.plot_metric_vs(_summary(root), PPL, x="layers_removed")
+    assert {t.get_text() for t in figure.legends[0].get_texts()} == {"sleb", "wrp"}
+
+
+def test_profiles_equal_to_five_digits_are_one_line(tmp_path):
+    root = tmp_path / "records"
+    for layers, noise in ((2, 0.0), (4, 2.5e-8)):    # a re-run elsewhere: float32 noise
+        labels = {"model": MODEL, "method": "depth", "scorer": "bi", "layers_removed": layers}
+        write_record(root, signature_for(f"bi{layers}"), 0, labels,
+                     {PPL: {"value": 3.0, "higher_is_better": False}},
+                     layer_scores=[0.9 * (1 + noise), 0.2, 0.1])
+    figure = plots.plot_layer_profile(records.load_records([root]).completed, kind="scores")
+    assert len(_visible_axes(figure)[0].get_lines()) == 1

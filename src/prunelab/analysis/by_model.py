@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns
-from prunelab.analysis.render import (choose_decimals, format_change, format_mean, p_text,
-                                      text_of, to_markdown)
+from prunelab.analysis.render import (choose_decimals, distinguishing_labels, format_change,
+                                      format_mean, p_text, text_of, to_markdown)
 from prunelab.analysis.tables import numeric_first, read_summary_csv
 
 MODEL = LABEL_PREFIX + "model"
@@ -106,12 +106,7 @@ def _key_columns(summary: pd.DataFrame) -> list[str]:
     keys = [column for column in label_columns(summary)
             if column.removeprefix(LABEL_PREFIX) not in NOT_SETTING
             and settings[column].astype(str).nunique() > 1]
-    for column in reversed(list(keys)):
-        rest = [k for k in keys if k != column]
-        if rest and len(settings.drop_duplicates(rest + [MODEL])) == len(
-                settings.drop_duplicates(keys + [MODEL])):
-            keys = rest
-    return keys or [LABEL_PREFIX + "method"]
+    return distinguishing_labels(settings, keys, within=[MODEL]) or [LABEL_PREFIX + "method"]
 
 
 def _key_values(row: pd.Series, keys: Sequence[str]) -> tuple[str, ...]:

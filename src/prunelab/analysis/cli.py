@@ -112,6 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _aggregate(args: argparse.Namespace) -> int:
     if args.from_table:
         summary, loaded = _read_table(args.from_table), None
+        ignored = [name for name in ("baseline", "match_on", "group_by", "dirs")
+                   if getattr(args, name)]
+        if ignored:
+            log.info("--from-table: the table's own comparisons are kept; ignored %s",
+                     ", ".join(ignored))
         frame = summary
         metrics = tables.select_metrics(summary, _split_all(args.metric))
         summary = summary[summary["metric"].isin(metrics)].reset_index(drop=True)
@@ -265,3 +270,7 @@ def _setup_logging(verbose: bool) -> None:
     if _handler not in log.handlers:
         log.addHandler(_handler)
     log.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

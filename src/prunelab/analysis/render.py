@@ -29,6 +29,20 @@ def display_label_columns(summary: pd.DataFrame, always: Sequence[str] = ()) -> 
     return shown
 
 
+def distinguishing_labels(settings: pd.DataFrame, columns: Sequence[str],
+                          within: Sequence[str] = ()) -> list[str]:
+    """`columns` less those implied by the others (within each group of `within`): a selector
+    that follows from the scorer tells no setting apart, so a legend or a table need not show it.
+    Later columns are dropped first."""
+    kept = list(columns)
+    for column in reversed(list(columns)):
+        rest = [c for c in kept if c != column]
+        if rest and len(settings.drop_duplicates(rest + list(within))) == len(
+                settings.drop_duplicates(kept + list(within))):
+            kept = rest
+    return kept
+
+
 def format_table(summary: pd.DataFrame, decimals: int | None = None,
                  label_columns_shown: Sequence[str] | None = None, vs_dense: bool = False
                  ) -> tuple[pd.DataFrame, list[str]]:

@@ -21,7 +21,7 @@ from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from prunelab.analysis.records import LABEL_PREFIX
 
@@ -57,22 +57,18 @@ def markers(keys: Iterable[Hashable]) -> dict[Hashable, str]:
 
 
 def use_log_axis(axis: Axes, values: Sequence[float], which: str = "y") -> None:
-    """A log axis labelled with plain numbers (2, 5, 10, 20...), not 10^0.3: minor ticks are
-    labelled too while the data span less than about two decades, so a narrow range still has
-    readable ticks."""
+    """A log axis labelled with plain numbers, not 10^0.3: within a decade, evenly spaced round
+    ticks (2.4, 2.6, 2.8...); within two, 1-2-5 per decade; beyond, the decades."""
     finite = np.asarray([v for v in values if np.isfinite(v) and v > 0], dtype=float)
     span = math.log10(finite.max() / finite.min()) if len(finite) else 1.0
     target = axis.yaxis if which == "y" else axis.xaxis
     (axis.set_yscale if which == "y" else axis.set_xscale)("log")
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
-    target.set_major_formatter(plain)
-    if span < 2.5:
-        subs = ((1.2, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0) if span < 0.4
-                else (2.0, 5.0))
-        target.set_minor_locator(LogLocator(base=10, subs=subs))
-        target.set_minor_formatter(plain)
-    else:
-        target.set_minor_formatter(NullFormatter())
+    if span < 1.0:
+        target.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    elif span < 2.5:
+        target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    target.set_minor_formatter(NullFormatter())
 
 
 def error_bars(frame: pd.DataFrame, error: str) -> np.ndarray | None:
