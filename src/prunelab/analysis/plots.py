@@ -85,7 +85,8 @@ def plot_metric_vs(summary: pd.DataFrame, metric: str, x: str = "labels.sparsity
             if line.empty:
                 continue
             line = line.sort_values("_x")
-            position = line["_x"] + (0 if categories is None else (i - (len(series) - 1) / 2) * dodge)
+            offset = 0 if categories is None else (i - (len(series) - 1) / 2) * dodge
+            position = line["_x"] + offset
             bars = error_bars(line, error)
             axis.errorbar(position, line["mean"], yerr=bars, capsize=3,
                           marker=shapes[name], color=colours[name], label=name or None,
