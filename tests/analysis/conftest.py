@@ -54,7 +54,8 @@ def signature_for(name: str) -> str:
 
 def write_record(root: Path, signature: str, seed: int, labels: dict, pruned: dict | None,
                  dense: dict | None = None, status: str = "completed", study: str = "unit",
-                 n_layers: int = 4, layer_targets: list | None = None) -> Path:
+                 n_layers: int = 4, layer_targets: list | None = None,
+                 layer_scores: list | None = None) -> Path:
     """Write records/<signature>/seed<seed>/result.json under root; returns its path."""
     sparsity = float(labels.get("sparsity") or 0.0)
     targets = layer_targets or [sparsity] * n_layers
@@ -68,7 +69,8 @@ def write_record(root: Path, signature: str, seed: int, labels: dict, pruned: di
         "sparsity": {"target": sparsity, "overall": sparsity,
                      "per_layer": [{"layer": i, "target": t, "actual": t}
                                    for i, t in enumerate(targets)], "per_linear": {}},
-        "pruning": {"layer_scores": [float(i + 1) for i in range(n_layers)]},
+        "pruning": {"layer_scores": (layer_scores if layer_scores is not None
+                                     else [float(i + 1) for i in range(n_layers)])},
         "metrics": None if pruned is None else {"dense": dense or {}, "pruned": pruned},
     }
     path = root / signature / f"seed{seed}" / "result.json"
@@ -127,3 +129,9 @@ def sweep_dir(tmp_path: Path) -> Path:
     root = tmp_path / "records"
     make_study(root, sparsities=(0.5, 0.7))
     return root
+
+
+def markdown_header(text: str) -> list[str]:
+    """The column names of the first markdown table in `text` (tabulate pads the cells)."""
+    line = next(line for line in text.splitlines() if line.startswith("|"))
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]

@@ -17,6 +17,16 @@ def test_holm_matches_hand_computed_case():
     np.testing.assert_allclose(adjusted, [0.03, 0.06, 0.06, 0.02])
 
 
+def test_holm_step_down_keeps_order_monotone_by_hand():
+    # m = 3, sorted 0.02, 0.03, 0.04: 3*0.02 = 0.06, 2*0.03 = 0.06, 1*0.04 = 0.04 -> the running
+    # max lifts the last one to 0.06; so all three are 0.06 (Holm never lets a larger raw p get a
+    # smaller adjusted p).
+    np.testing.assert_allclose(stats.holm([0.04, 0.02, 0.03]), [0.06, 0.06, 0.06])
+    # m = 2, sorted 0.001, 0.2: 2*0.001 = 0.002, 1*0.2 = 0.2.
+    np.testing.assert_allclose(stats.holm([0.2, 0.001]), [0.2, 0.002])
+    assert stats.holm([]).shape == (0,)
+
+
 def test_holm_caps_at_one_and_ignores_nan():
     adjusted = stats.holm([0.5, math.nan, 0.6])
     assert math.isnan(adjusted[1])
@@ -116,12 +126,42 @@ def test_mcnemar_by_hand():
     b = [0] * 5 + [1] + [1] * 4 + [0] * 2
     result = stats.mcnemar(a, b)
     assert (result.a_only, result.b_only, result.n_items) == (5, 1, 12)
-    assert result.p_exact == pytest.approx(14 / 64)  # 2 * P(X <= 1), X ~ Bin(6, 1/2)
-    assert result.chi2 == pytest.approx((5 - 1 - 1) ** 2 / 6)
-    assert result.p_chi2 == pytest.approx(scipy_stats.chi2.sf(1.5, 1))
+    # exact: 6 discordant items, X ~ Bin(6, 1/2), observed min(5, 1) = 1;
+    # p = 2 * P(X <= 1) = 2 * (C(6,0) + C(6,1)) / 2**6 = 2 * 7 / 64 = 14/64 = 0.21875.
+    assert result.p_exact == pytest.approx(14 / 64)
+    # chi-square with continuity correction: (|5 - 1| - 1)**2 / (5 + 1) = 9/6 = 1.5;
+    # with 1 df, P(chi2 > x) = P(|Z| > sqrt(x)) = erfc(sqrt(x / 2)) = erfc(sqrt(0.75)) ~ 0.2207.
+    assert result.chi2 == pytest.approx(1.5)
+    assert result.p_chi2 == pytest.approx(math.erfc(math.sqrt(0.75)))
+    assert result.p_chi2 == pytest.approx(0.2207, abs=1e-4)
     assert result.difference == pytest.approx(4 / 12)
+
+
+def test_mcnemar_all_discordant_one_way_by_hand():
+    # 4 items, a right and b wrong on every one: p = 2 * P(X <= 0), X ~ Bin(4, 1/2) = 2/16.
+    # chi-square: (|4 - 0| - 1)**2 / 4 = 9/4 = 2.25.
+    result = stats.mcnemar([1, 1, 1, 1], [0, 0, 0, 0])
+    assert result.p_exact == pytest.approx(2 / 16)
+    assert result.chi2 == pytest.approx(2.25)
+    assert result.p_chi2 == pytest.approx(math.erfc(math.sqrt(2.25 / 2)))
 
 
 def test_mcnemar_identical_runs_p_one():
     result = stats.mcnemar([1, 0, 1, 1], [1, 0, 1, 1])
     assert (result.p_exact, result.p_chi2, result.difference) == (1.0, 1.0, 0.0)
+
+
+def test_t_interval_never_has_a_negative_half_width():
+    # Seeds that agree to the last bit but one: the interval must still bracket the mean.
+    values = [0.1 + 0.2, 0.3, 0.30000000000000004]
+    low, high = stats.mean_confidence_interval(values)
+    mean = float(np.mean(values))
+    assert low <= mean <= high
+
+
+def test_t_interval_by_hand():
+    # values 1, 2, 3: mean 2, sd 1, sem 1/sqrt(3); t(0.975, 2 df) = 4.302653 (t table), so the
+    # half-width is 4.302653 / sqrt(3) = 2.484138.
+    low, high = stats.mean_confidence_interval([1.0, 2.0, 3.0])
+    assert (low, high) == (pytest.approx(2 - 2.484138, abs=1e-5), pytest.approx(2 + 2.484138,
+                                                                                abs=1e-5))

@@ -6,7 +6,8 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ACC, PPL, SEEDS, labels_for, ppl_metric, signature_for, write_record
+from conftest import (ACC, PPL, SEEDS, labels_for, markdown_header, ppl_metric, signature_for,
+                      write_record)
 from scipy import stats as scipy_stats
 
 from prunelab.analysis import compare, records, stats, tables
@@ -105,7 +106,8 @@ def test_markdown_latex_and_csv_round_trip(study_dir, tmp_path):
                                    n_resamples=99)
     written = tables.write_outputs(summary, tmp_path / "out")
     markdown = written["md"].read_text()
-    assert markdown.startswith("| model | method |") and "Notes:" in markdown
+    assert markdown_header(markdown)[:2] == ["model", "method"] and "Notes:" in markdown
+    assert markdown.splitlines()[1].startswith("|:")  # tabulate's pipe alignment row
     latex = written["tex"].read_text()
     assert "\\toprule" in latex and "\\bottomrule" in latex and "$\\pm$" in latex
     back = tables.read_summary_csv(written["csv"])

@@ -4,7 +4,7 @@ import json
 
 import pandas as pd
 
-from conftest import MODEL, make_study
+from conftest import MODEL, make_study, markdown_header
 
 from prunelab.analysis import by_model, records, tables
 
@@ -45,7 +45,7 @@ def test_models_side_by_side(tmp_path):
                                    tables.read_summary_csv(real_csv)])
 
     assert list(table.columns[-2:]) == [MODEL, REAL]
-    assert table.iloc[0]["method"] == "dense"              # dense first
+    assert table.iloc[0]["sparsity"] == "dense"            # dense first
     ppl = table[table["metric"] == "ppl/token"]            # corpora joined into one family
     pals_05 = ppl[(ppl["allocation"] == "pals") & (ppl["sparsity"] == "0.5")].iloc[0]
     for summary, column, metric in ((testbed_summary, MODEL, "ppl/testbed/token"),
@@ -57,7 +57,10 @@ def test_models_side_by_side(tmp_path):
         assert "p " in pals_05[column]
     uniform_07 = ppl[(ppl["allocation"] == "uniform") & (ppl["sparsity"] == "0.7")].iloc[0]
     assert "baseline" in uniform_07[MODEL] and uniform_07[REAL] == ""   # only the testbed ran it
-    assert out.read_text().startswith("| method | sparsity | allocation | metric |")
+    written = out.read_text()
+    assert markdown_header(written) == ["sparsity", "allocation", "metric", MODEL, REAL]
+    assert "method" not in table.columns          # the same in every setting: no column
+    assert table.iloc[0]["sparsity"] == "dense"
 
 
 def test_missing_table_is_one_line(tmp_path, capsys):
@@ -65,19 +68,23 @@ def test_missing_table_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("by_model: error: no such table")
 
 
-def test_layer_counts_are_not_joined_across_models():
-    """6 of 18 layers is not 6 of 30: depth rows keep their model in the layer count."""
+def test_layer_counts_are_joined_by_rank_and_shown_per_model():
+    """6 of 18 layers is not 6 of 30: depth rows are joined by rank within each model (lighter
+    with lighter), and the layers column names each model's own count."""
     def summary(model, layers):
-        return pd.DataFrame([{"setting": f"{model}{layers}", "labels.model": model,
-                              "labels.method": "depth", "labels.layers_removed": float(layers),
-                              "labels.scorer": scorer, "metric": "ppl/x/token", "n": 1,
-                              "mean": 3.0, "std": float("nan"), "is_dense": False,
-                              "is_baseline": False, "vs_dense": 0.5}
-                             for scorer in ("a", "b")])
-    table = by_model.side_by_side([summary("small", 6), summary("real", 6), summary("real", 8)])
-    assert list(table["layers_removed"]) == ["6 (real)", "6 (real)", "6 (small)", "6 (small)",
-                                             "8 (real)", "8 (real)"]
-    assert (table[["small", "real"]] != "").sum(axis=1).eq(1).all()   # one model per row
+        return pd.DataFrame([{"setting": f"{model}{count}{scorer}", "labels.model": model,
+                              "labels.method": "depth", "labels.layers_removed": float(count),
+                              "labels.scorer": scorer, "labels.selector": f"by_{scorer}",
+                              "metric": "ppl/x/token", "n": 3, "mean": 3.0, "std": 0.1,
+                              "is_dense": False, "is_baseline": False, "vs_dense": 0.5}
+                             for scorer in ("a", "b") for count in layers])
+    table = by_model.side_by_side([summary("small", [4, 6]), summary("real", [6, 8])])
+    assert list(table.columns) == ["layers_removed", "scorer", "metric", "small", "real"]
+    assert list(table["layers_removed"]) == ["4 / 6", "4 / 6", "6 / 8", "6 / 8"]
+    assert (table[["small", "real"]] != "").all(axis=None)     # every cell filled
+    assert "selector" not in table.columns                     # implied by the scorer
+    only_small = by_model.side_by_side([summary("small", [4, 6]), summary("real", [8])])
+    assert list(only_small["layers_removed"]) == ["4 / 8", "4 / 8", "6 / –", "6 / –"]
 
 
 def test_a_foreign_csv_is_one_line(tmp_path, capsys):

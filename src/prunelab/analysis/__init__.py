@@ -2,8 +2,11 @@
 paired tests, and write paper tables and plots (CLI: `prunelab-aggregate`).
 
 Modules: `records` (load and flatten records, W&B in and out), `stats` (paired tests, pure
-functions on numbers), `tables` (summary, baseline comparisons, md/tex/csv, pivots, two-run
-comparisons), `plots` (matplotlib figures), `cli` (the command line).
+functions on numbers, through scipy and statsmodels), `tables` (summary, baseline comparisons,
+md/tex/csv, pivots), `render` (md through tabulate, LaTeX through pandas' Styler), `paper` (the
+paper-table preset), `names` (display names of metrics and labels), `plots`, `profiles` and
+`style` (matplotlib figures), `outputs` (a study's files), `by_model` (models side by side),
+`studies` (the committed results, for the notebook), `cli` (the command line).
 """
 
 from prunelab.analysis.compare import compare_runs

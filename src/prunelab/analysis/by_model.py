@@ -7,6 +7,11 @@ terms: each cell gives the model's own mean, its change over that model's dense 
 the study compares with a baseline, the paired p (t-test over seeds). The inputs are the
 `table.csv` files `prunelab-aggregate` wrote, so nothing is recomputed here.
 
+Compact by construction: only labels that tell settings apart are columns (one that follows from
+another, like the selector of a scorer, is dropped), and depth settings are joined across models
+by their rank (each model's lighter and heavier removal), the counts shown per model ("4 / 6"),
+so a row is filled for every model that ran it.
+
     python -m prunelab.analysis.by_model results/pals/table.csv results/pals/smollm2/table.csv \
         --out results/pals/by_model.md
 """
@@ -23,15 +28,17 @@ import numpy as np
 import pandas as pd
 
 from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns
-from prunelab.analysis.render import (choose_decimals, format_change, format_mean, p_text,
-                                      text_of, to_markdown)
+from prunelab.analysis.render import (choose_decimals, distinguishing_labels, format_change,
+                                      format_mean, p_text, text_of, to_markdown)
 from prunelab.analysis.tables import numeric_first, read_summary_csv
 
+MODEL = LABEL_PREFIX + "model"
 # Labels that name the model or its data rather than the setting: never part of the row key.
 NOT_SETTING = ("model", "calibration")
-# Labels counted in the model's own units: 6 of 18 layers is not 6 of 30, so such rows are not
-# joined across models; the value names its model instead ("6 (smollm2_135m)").
+# Labels counted in the model's own units: 6 of 18 layers is not 6 of 30, so such rows are joined
+# by rank within each model (1st, 2nd... depth) and the cell of the label lists each model's count.
 MODEL_RELATIVE = ("layers_removed",)
+MISSING = "–"
 
 
 def metric_family(metric: str) -> str:
@@ -42,38 +49,70 @@ def metric_family(metric: str) -> str:
 
 def side_by_side(summaries: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """Join summaries (one or more models each) into one table of strings: the labels that tell
-    settings apart, the metric family, then one column per model, in the order the models first appear."""
+    settings apart, the metric family, then one column per model, in the order the models first
+    appear. Dense rows first; depth settings joined by their rank within each model."""
     summary = pd.concat(list(summaries), ignore_index=True)
     if summary.empty:
         raise AnalysisError("no rows to put side by side")
     summary["family"] = summary["metric"].map(metric_family)
-    settings = summary[~summary["is_dense"]]
-    keys = [column for column in label_columns(summary)
-            if column.removeprefix(LABEL_PREFIX) not in NOT_SETTING
-            and (column == LABEL_PREFIX + "method"
-                 or settings[column].astype(str).nunique() > 1)]
-    models = list(dict.fromkeys(summary[LABEL_PREFIX + "model"]))
+    models = list(dict.fromkeys(summary[MODEL]))
+    counts = {}
+    for column in label_columns(summary):
+        if column.removeprefix(LABEL_PREFIX) in MODEL_RELATIVE:
+            summary[column], counts[column] = _ranks(summary, column)
+    keys = _key_columns(summary)
     digits = {group: choose_decimals(part["mean"])
-              for group, part in summary.groupby([LABEL_PREFIX + "model", "family"])}
+              for group, part in summary.groupby([MODEL, "family"])}
     rows: dict[tuple, dict[str, str]] = {}
     for _, row in summary.iterrows():
-        key = ((not row["is_dense"],) + tuple(_key_text(row, column) for column in keys)
-               + (row["family"],))
+        values = _key_values(row, keys)
+        key = (not row["is_dense"],) + values + (row["family"],)
         cells = rows.setdefault(key, {column.removeprefix(LABEL_PREFIX): value
-                                      for column, value in zip(keys, key[1:])}
+                                      for column, value in zip(keys, values)}
                                 | {"metric": row["family"]})
-        model = row[LABEL_PREFIX + "model"]
+        model = row[MODEL]
         cells[model] = _cell(row, digits[(model, row["family"])])
     table = pd.DataFrame([rows[key] for key in sorted(rows, key=_row_order)])
+    for column, per_level in counts.items():
+        name = column.removeprefix(LABEL_PREFIX)
+        if name in table:
+            table[name] = [_counts_text(per_level[level], models) if level in per_level
+                           else level for level in table[name]]
     return table.reindex(columns=[c.removeprefix(LABEL_PREFIX) for c in keys]
                          + ["metric"] + models).fillna("")
 
 
-def _key_text(row: pd.Series, column: str) -> str:
-    text = text_of(row[column])
-    if text and column.removeprefix(LABEL_PREFIX) in MODEL_RELATIVE:
-        return f"{text} ({row[LABEL_PREFIX + 'model']})"
-    return text
+def _ranks(summary: pd.DataFrame, column: str) -> tuple[pd.Series, dict[str, dict[str, str]]]:
+    """Each value's rank among its model's values ("1", "2"...), and rank -> {model: value}."""
+    ranks = pd.Series("", index=summary.index, dtype=object)
+    per_level: dict[str, dict[str, str]] = {}
+    for model, part in summary.groupby(MODEL, sort=False):
+        values = sorted(part[column].dropna().unique(), key=numeric_first)
+        order = {value: str(i + 1) for i, value in enumerate(values)}
+        ranks[part.index] = part[column].map(order).fillna("")
+        for value, level in order.items():
+            per_level.setdefault(level, {})[model] = text_of(value)
+    return ranks, per_level
+
+
+def _counts_text(per_model: dict[str, str], models: Sequence[str]) -> str:
+    return " / ".join(per_model.get(model, MISSING) for model in models)
+
+
+def _key_columns(summary: pd.DataFrame) -> list[str]:
+    """Labels that tell the settings apart; a label implied by the others (the selector of a
+    scorer) is dropped; method is kept only when it varies (the dense row names itself)."""
+    settings = summary[~summary["is_dense"]]
+    keys = [column for column in label_columns(summary)
+            if column.removeprefix(LABEL_PREFIX) not in NOT_SETTING
+            and settings[column].astype(str).nunique() > 1]
+    return distinguishing_labels(settings, keys, within=[MODEL]) or [LABEL_PREFIX + "method"]
+
+
+def _key_values(row: pd.Series, keys: Sequence[str]) -> tuple[str, ...]:
+    if row["is_dense"]:  # "dense" in the first key column
+        return ("dense",) + ("",) * (len(keys) - 1)
+    return tuple(text_of(row[column]) for column in keys)
 
 
 def _cell(row: pd.Series, digits: int) -> str:
@@ -87,12 +126,7 @@ def _cell(row: pd.Series, digits: int) -> str:
 
 def _row_order(key: tuple) -> tuple:
     # dense first (key[0] is False for it), then settings, numbers sorted as numbers
-    return (key[0],) + tuple(_number_first(v) for v in key[1:])
-
-
-def _number_first(text: str) -> tuple:
-    head, _, rest = text.partition(" (")   # "6 (smollm2_135m)": by the number, then the model
-    return numeric_first(head) + (rest,)
+    return (key[0],) + tuple(numeric_first(v) for v in key[1:])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,11 +151,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AnalysisError, ValueError) as error:
         print(f"by_model: error: {error}", file=sys.stderr)
         return 2
-    note = ("Each cell: mean (seeds) · change over the model's own dense value · paired p against "
-            "the study's baseline (t-test over seeds). Models are evaluated on their own text, so "
-            "compare directions and relative changes across columns, not absolute perplexities. "
-            "Layer counts are each model's own (\"6 (smollm2_135m)\": 6 of its layers), so depth "
-            f"rows are not joined across models. Built from {', '.join(args.tables)}.")
+    note = ("Each cell: mean ± std (seeds) · change over the model's own dense value · paired p "
+            "against the study's baseline (t-test over seeds). Models are evaluated on their own "
+            "text, so compare directions and relative changes across columns, not absolute "
+            "perplexities. Layers removed are each model's own, joined by rank (the lighter "
+            "removal with the lighter): \"4 / 6\" is 4 layers of the first model column and 6 of "
+            f"the second. Built from {', '.join(args.tables)}.")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(to_markdown(table, [note]))
     print(f"wrote {args.out}")

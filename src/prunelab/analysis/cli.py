@@ -1,8 +1,13 @@
-"""`prunelab-aggregate`: records -> results tables (md, tex, csv) and plots for one study.
+"""`prunelab-aggregate`: records -> results tables (md, tex, csv), the paper table and plots for
+one study.
 
     prunelab-aggregate records/ --out results/pals --metric ppl/wikitext2/token \\
         --baseline allocation=uniform --pivot method,sparsity --plot-x sparsity
+    prunelab-aggregate --from-table results/pals/table.csv --out results/pals --pivot ...
     prunelab-aggregate --compare records/<sigA>/seed0 records/<sigB>/seed0
+
+`--from-table` re-renders a committed table.csv (md, tex, pivots, paper table, metric plots)
+when the records are not at hand; table.csv itself is then left as it is.
 
 Exit codes: 0 done, 2 for a user error (no records, unknown metric/baseline/label), printed as
 one line on stderr.
@@ -18,7 +23,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from prunelab.analysis import compare, plots, tables
+from prunelab.analysis import compare, outputs, plots, tables
 from prunelab.analysis.records import (
     AnalysisError,
     LoadedRecords,
@@ -32,7 +37,6 @@ from prunelab.analysis.records import (
 from prunelab.analysis.stats import DEFAULT_N_RESAMPLES, DEFAULT_SEED
 
 PROG = "prunelab-aggregate"
-DEFAULT_PLOT_X = ("labels.sparsity", "labels.layers_removed")
 log = logging.getLogger("prunelab.analysis")
 
 
@@ -56,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: signature)")
     parser.add_argument("--pivot", action="append", default=[],
                         help="ROW[,ROW...],COLUMN labels for a method x sparsity grid")
+    parser.add_argument("--paper",
+                        help="ROW[,ROW...],COLUMN labels of the paper table (paper_table.md/.tex;"
+                             " default: the first --pivot, else sparsity or depth as columns)")
+    parser.add_argument("--from-table", metavar="CSV",
+                        help="re-render a table.csv written by this tool instead of reading "
+                             "records (table.csv is not rewritten; no layer profiles)")
     parser.add_argument("--vs-dense", action="store_true",
                         help="also show each setting's change over dense in %% (tables and pivots)")
     parser.add_argument("--format", default="md,tex,csv", help="comma-separated: md,tex,csv")
@@ -100,35 +110,62 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _aggregate(args: argparse.Namespace) -> int:
-    loaded = _load(args)
-    if not loaded.completed:
-        where = ", ".join(args.dirs) or f"W&B project {args.wandb_project}"
-        raise AnalysisError(f"no completed records found in {where} ({loaded.describe()})")
-    print(f"{PROG}: {loaded.describe()}", file=sys.stderr)
-    frame = records_to_frame(loaded)
-    metrics = tables.select_metrics(frame, _split_all(args.metric))
-    summary = tables.build_summary(
-        frame, metrics, group_by=_split(args.group_by), baseline=args.baseline,
-        match_on=_split(args.match_on) if args.match_on is not None else None,
-        n_resamples=args.n_resamples, seed=args.seed)
+    if args.from_table:
+        summary, loaded = _read_table(args.from_table), None
+        ignored = [name for name in ("baseline", "match_on", "group_by", "dirs")
+                   if getattr(args, name)]
+        if ignored:
+            log.info("--from-table: the table's own comparisons are kept; ignored %s",
+                     ", ".join(ignored))
+        frame = summary
+        metrics = tables.select_metrics(summary, _split_all(args.metric))
+        summary = summary[summary["metric"].isin(metrics)].reset_index(drop=True)
+    else:
+        loaded = _load(args)
+        if not loaded.completed:
+            where = ", ".join(args.dirs) or f"W&B project {args.wandb_project}"
+            raise AnalysisError(f"no completed records found in {where} ({loaded.describe()})")
+        print(f"{PROG}: {loaded.describe()}", file=sys.stderr)
+        frame = records_to_frame(loaded)
+        metrics = tables.select_metrics(frame, _split_all(args.metric))
+        summary = tables.build_summary(
+            frame, metrics, group_by=_split(args.group_by), baseline=args.baseline,
+            match_on=_split(args.match_on) if args.match_on is not None else None,
+            n_resamples=args.n_resamples, seed=args.seed)
     out = Path(args.out) if args.out else _default_out(frame)
     formats = _split(args.format)
     unknown = sorted(set(formats) - {"md", "tex", "csv"})
     if unknown:
         raise AnalysisError(f"unknown --format {', '.join(unknown)}; use md, tex, csv")
-    written = list(tables.write_outputs(summary, out, formats, decimals=args.decimals,
+    table_formats = [f for f in formats if not (args.from_table and f == "csv")]
+    written = list(tables.write_outputs(summary, out, table_formats, decimals=args.decimals,
                                         vs_dense=args.vs_dense).values())
     table, notes = tables.format_table(summary, args.decimals, vs_dense=args.vs_dense)
     print(tables.to_markdown(table, notes))
     for spec in args.pivot:
-        written += _write_pivots(summary, metrics, spec, out, formats, args.decimals,
-                                 args.vs_dense)
+        written += outputs.write_pivots(summary, metrics, spec, out, formats, args.decimals,
+                                        args.vs_dense)
+    written += outputs.write_paper(summary, metrics, args.paper or next(iter(args.pivot), None),
+                                   out, formats, args.decimals)
     if not args.no_plots:
-        written += _write_plots(summary, loaded, metrics, args, out)
+        x = outputs.plot_x(summary, args.plot_x)
+        written += outputs.write_plots(summary, loaded.completed if loaded else None, metrics, x,
+                                       args.error, out)
     print(f"{PROG}: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     if args.wandb_log:
         _log_to_wandb(summary, args.wandb_log, out)
     return 0
+
+
+def _read_table(path: str) -> pd.DataFrame:
+    if not Path(path).is_file():
+        raise AnalysisError(f"no such table: {path}")
+    summary = tables.read_summary_csv(path)
+    needed = {"setting", "metric", "mean", "std", "n", "is_dense"}
+    if not needed <= set(summary.columns):
+        raise AnalysisError(f"{path} is not a table.csv written by {PROG} "
+                            f"(no {', '.join(sorted(needed - set(summary.columns)))})")
+    return summary
 
 
 def _log_to_wandb(summary: pd.DataFrame, project: str, out: Path) -> None:
@@ -151,70 +188,8 @@ def _load(args: argparse.Namespace) -> LoadedRecords:
     return loaded
 
 
-def _write_pivots(summary: pd.DataFrame, metrics: Sequence[str], spec: str, out: Path,
-                  formats: Sequence[str], decimals: int | None, vs_dense: bool) -> list[Path]:
-    names = _split(spec)
-    if len(names) < 2:
-        raise AnalysisError(f"--pivot {spec!r}: give ROW[,ROW...],COLUMN")
-    written = []
-    for metric in metrics:
-        grid = tables.pivot(summary, names[:-1], names[-1], metric, decimals=decimals,
-                            vs_dense=vs_dense)
-        flat = tables.pivot_for_output(grid)
-        stem = f"pivot_{plots.slug(names[-1])}_{plots.slug(metric)}"
-        print(f"\n{metric} ({', '.join(names[:-1])} x {names[-1]})\n")
-        print(tables.to_markdown(flat))
-        for fmt in formats:
-            path = out / f"{stem}.{fmt}"
-            if fmt == "md":
-                path.write_text(tables.to_markdown(flat), encoding="utf-8")
-            elif fmt == "tex":
-                path.write_text(tables.to_latex(flat), encoding="utf-8")
-            else:
-                grid.to_csv(path)
-            written.append(path)
-    return written
-
-
-def _write_plots(summary: pd.DataFrame, loaded: LoadedRecords, metrics: Sequence[str],
-                 args: argparse.Namespace, out: Path) -> list[Path]:
-    written = []
-    x = _plot_x(summary, args.plot_x)
-    if x is not None:
-        for metric in metrics:
-            try:
-                figure = plots.plot_metric_vs(summary, metric, x=x, error=args.error)
-            except AnalysisError as error:
-                log.warning("no plot for %s: %s", metric, error)
-                continue
-            name = f"{plots.slug(metric)}_vs_{plots.slug(x)}.png"
-            written.append(plots.save_figure(figure, out / name))
-    for kind, name in (("sparsity", "layer_sparsity.png"), ("scores", "layer_scores.png")):
-        try:
-            figure = plots.plot_layer_profile(loaded.completed, kind=kind)
-        except AnalysisError as error:
-            log.info("no layer profile: %s", error)
-            continue
-        written.append(plots.save_figure(figure, out / name))
-    return written
-
-
-def _plot_x(summary: pd.DataFrame, requested: str | None) -> str | None:
-    if requested:
-        column = requested if requested in summary.columns else "labels." + requested
-        if column not in summary.columns:
-            raise AnalysisError(f"unknown --plot-x {requested!r}; labels: "
-                                + ", ".join(c for c in summary.columns if c.startswith("labels.")))
-        return column
-    settings = summary[~summary["is_dense"].astype(bool)]
-    for column in DEFAULT_PLOT_X:
-        if column in settings and pd.to_numeric(settings[column], errors="coerce").nunique() > 1:
-            return column
-    return None
-
-
 def _default_out(frame: pd.DataFrame) -> Path:
-    studies = frame["study"].dropna().unique()
+    studies = frame["study"].dropna().unique() if "study" in frame else []
     return Path("results") / (str(studies[0]) if len(studies) == 1 else "aggregate")
 
 
@@ -295,3 +270,7 @@ def _setup_logging(verbose: bool) -> None:
     if _handler not in log.handlers:
         log.addHandler(_handler)
     log.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,172 +1,169 @@
-"""Study plots: a metric against a numeric label (sparsity, layers removed) per method, and
-per-layer profiles (sparsity targets or layer scores).
+"""Study plots: a metric against a label (sparsity, layers removed, sparsity pattern) per method,
+per-layer profiles (in `profiles`, re-exported here) and all-pairs layer matrices.
 
-Figures are built on `matplotlib.figure.Figure` with an Agg canvas, never through pyplot's global
-state: that is thread-safe, needs no display, and the same Figure still renders inline in a
-notebook. Inputs are the tidy summary from `tables.build_summary` (or a table.csv read back with
-`tables.read_summary_csv`) and the loaded records.
+Inputs are the tidy summary from `tables.build_summary` (or a table.csv read back with
+`tables.read_summary_csv`) and the loaded records. Every figure names its axes from
+`names.DISPLAY_NAMES`, puts perplexity on a log axis, gives each model its own panel (models are
+evaluated on their own text, so their scales differ) and says what its error bars are; see
+`style` for the shared look.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import math
-from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, RunRecord, label_columns
+from prunelab.analysis.names import direction, display_name, is_perplexity
+from prunelab.analysis.profiles import layer_profiles, plot_layer_profile  # noqa: F401
+from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns
+from prunelab.analysis.render import distinguishing_labels
+from prunelab.analysis.style import (  # noqa: F401  (save_figure, slug, figure_png for callers)
+    ERROR_BARS,
+    error_bars,
+    error_caption,
+    figure_png,
+    markers,
+    new_figure,
+    palette,
+    save_figure,
+    slug,
+    use_log_axis,
+)
 
-log = logging.getLogger(__name__)
+MODEL = LABEL_PREFIX + "model"
+LEGEND_WIDTH = 2.8  # inches beside the panels for the figure's legend
 
-ERROR_BARS = ("std", "ci", "none")
+
+def main_metric(summary: pd.DataFrame) -> str:
+    """The metric a study's main figure shows: its first perplexity, else its first metric."""
+    metrics = list(dict.fromkeys(summary["metric"]))
+    if not metrics:
+        raise AnalysisError("the summary has no metrics")
+    return next((m for m in metrics if is_perplexity(m)), metrics[0])
 
 
 def plot_metric_vs(summary: pd.DataFrame, metric: str, x: str = "labels.sparsity",
                    hue: Sequence[str] | None = None, error: str = "std") -> Figure:
-    """`metric` (mean over seeds) against the numeric label `x`, one line per method, one panel
-    per model; error bars are the seed std or the 95% t-interval of the mean (error="ci").
-    The dense reference is a dashed horizontal line."""
+    """`metric` (mean over seeds) against the label `x`, one series per method (the labels that
+    vary, or `hue`), one panel per model, the dense model as a dashed line.
+
+    A numeric `x` gives lines; a text `x` (sparsity pattern) gives points per category, dodged
+    apart. Error bars: the seed std (error="std"), the 95% t-interval of the mean ("ci") or
+    none; the legend title says which, and over how many seeds. Perplexity is on a log axis.
+    """
     if error not in ERROR_BARS:
         raise AnalysisError(f"unknown error bars {error!r}; use {', '.join(ERROR_BARS)}")
     x = x if x in summary.columns else LABEL_PREFIX + x
     if x not in summary.columns:
         raise AnalysisError(f"unknown x {x!r}; labels: {', '.join(label_columns(summary))}")
-    part = summary[summary["metric"] == metric].copy()
-    part["_x"] = pd.to_numeric(part[x], errors="coerce")
-    settings = part[~part["is_dense"].astype(bool) & part["_x"].notna()]
+    part = summary[summary["metric"] == metric]
+    settings = part[~part["is_dense"].astype(bool) & part[x].notna()].copy()
     if settings.empty:
-        raise AnalysisError(f"no numeric {x} values for {metric}")
+        raise AnalysisError(f"no {x} values for {metric}")
+    numeric = pd.to_numeric(settings[x], errors="coerce")
+    categories = None if numeric.notna().all() else list(dict.fromkeys(settings[x].astype(str)))
+    settings["_x"] = numeric if categories is None else settings[x].astype(str).map(
+        {name: i for i, name in enumerate(categories)})
     hue = list(hue) if hue is not None else _varying_labels(settings, exclude=(x,))
-    model = LABEL_PREFIX + "model"
-    models = list(dict.fromkeys(settings[model])) if model in settings else [None]
-    figure = _figure(ncols=len(models))
+    series = list(_groups(settings, hue))
+    names = [name for name, _ in series]
+    colours, shapes = palette(dict.fromkeys(names)), markers(dict.fromkeys(names))
+    models = list(dict.fromkeys(settings[MODEL])) if MODEL in settings else [None]
+    figure = new_figure(ncols=len(models), extra_width=LEGEND_WIDTH)
     axes = figure.subplots(1, len(models), squeeze=False)[0]
-    for axis, name in zip(axes, models):
-        in_model = settings if name is None else settings[settings[model] == name]
-        for line_name, line in _groups(in_model, hue):
+    dodge = 0.6 / max(len(series), 1)
+    for axis, model in zip(axes, models):
+        shown = []
+        for i, (name, line) in enumerate(series):
+            if model is not None:
+                line = line[line[MODEL] == model]
+            if line.empty:
+                continue
             line = line.sort_values("_x")
-            axis.errorbar(line["_x"], line["mean"], yerr=_error_bars(line, error), marker="o",
-                          capsize=3, label=line_name)
+            offset = 0 if categories is None else (i - (len(series) - 1) / 2) * dodge
+            position = line["_x"] + offset
+            bars = error_bars(line, error)
+            axis.errorbar(position, line["mean"], yerr=bars, capsize=3,
+                          marker=shapes[name], color=colours[name], label=name or None,
+                          linestyle="-" if categories is None else "none", markersize=5)
+            spread = np.zeros((2, len(line))) if bars is None else bars
+            shown += list(line["mean"] - spread[0]) + list(line["mean"] + spread[1])
         dense = part[part["is_dense"].astype(bool)]
-        if name is not None and model in dense:
-            dense = dense[dense[model] == name]
+        if model is not None and MODEL in dense:
+            dense = dense[dense[MODEL] == model]
         for value in dense["mean"].head(1):
-            axis.axhline(value, color="grey", linestyle="--", linewidth=1, label="dense")
-        ticks = sorted(in_model["_x"].unique())
-        if len(ticks) <= 12:
-            axis.set_xticks(ticks)
-        axis.set_xlabel(x.removeprefix(LABEL_PREFIX))
-        axis.set_ylabel(metric)
-        axis.set_title(str(name) if name is not None else metric)
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize="small")
+            axis.axhline(value, color="grey", linestyle="--", linewidth=1, label="dense model")
+            shown.append(value)
+        _x_axis(axis, settings if model is None else settings[settings[MODEL] == model], x,
+                categories)
+        if is_perplexity(metric):
+            _log_limits(axis, shown)
+        axis.set_ylabel(f"{display_name(metric)} {direction(part['higher_is_better'].iloc[0])}")
+        axis.set_title(str(model) if model is not None else "")
+        axis.grid(alpha=0.3, which="both" if is_perplexity(metric) else "major")
+    handles, labels = axes[0].get_legend_handles_labels()
+    for axis in axes[1:]:  # series missing from the first panel
+        for handle, label in zip(*axis.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    figure.legend(handles, labels, loc="outside right center", fontsize="small",
+                  title=error_caption(error, settings["n"]), title_fontsize="small")
+    figure.suptitle(f"{display_name(metric)} vs {display_name(x).lower()}")
     return figure
 
 
-def layer_profiles(records: Iterable[RunRecord], kind: str = "sparsity",
-                   field: str = "target") -> pd.DataFrame:
-    """Per-layer values, mean and std over seeds, one row per (signature, layer).
-
-    kind="sparsity" reads `sparsity.per_layer[*][field]` (field: target or actual);
-    kind="scores" reads `pruning.layer_scores` (a list, a {layer: score} dict, or a list of
-    {layer, score} dicts). Columns: signature, label, layer, mean, std, n.
-    """
-    rows = []
-    records = list(records)
-    labels = _record_labels(records)
-    for record in records:
-        for layer, value in _layer_values(record, kind, field):
-            rows.append({"signature": record.signature, "label": labels[record.signature],
-                         "layer": layer, "value": value})
-    if not rows:
-        return pd.DataFrame(columns=["signature", "label", "layer", "mean", "std", "n"])
-    frame = pd.DataFrame(rows)
-    grouped = frame.groupby(["signature", "label", "layer"], sort=True)["value"]
-    return grouped.agg(mean="mean", std="std", n="count").reset_index()
-
-
-def plot_layer_profile(records: Iterable[RunRecord], kind: str = "sparsity",
-                       field: str = "target") -> Figure:
-    """Per-layer sparsity targets (or layer scores) per setting, mean over seeds with a +-std
-    band; raises AnalysisError when no record has such data."""
-    profiles = layer_profiles(records, kind, field)
-    if profiles.empty:
-        raise AnalysisError(f"no per-layer {kind} in the records")
-    figure = _figure(ncols=1)
-    axis = figure.subplots()
-    for (label, _), profile in profiles.groupby(["label", "signature"], sort=True):
-        axis.plot(profile["layer"], profile["mean"], marker=".", label=label)
-        std = profile["std"].fillna(0.0)
-        axis.fill_between(profile["layer"], profile["mean"] - std, profile["mean"] + std, alpha=0.2)
-    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axis.set_xlabel("layer")
-    axis.set_ylabel(f"sparsity ({field})" if kind == "sparsity" else "layer score")
-    axis.grid(alpha=0.3)
-    if profiles["label"].nunique() <= 12:  # beside the axes: the profiles fill the plot
-        axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    return figure
-
-
-def plot_matrix(matrix: Sequence[Sequence[float | None]], title: str, label: str = "similarity") -> Figure:
-    """Heatmap of an all-pairs layer matrix (WRP similarity, swap-KL distances); None = not probed."""
+def plot_matrix(matrix: Sequence[Sequence[float | None]], title: str,
+                label: str = "similarity") -> Figure:
+    """Heatmap of an all-pairs layer matrix (WRP similarity, swap-KL distances); None = not
+    probed (left blank)."""
     values = np.array([[np.nan if v is None else float(v) for v in row] for row in matrix])
-    figure = _figure(1)
+    figure = new_figure(1)
     ax = figure.add_subplot()
     image = ax.imshow(values, cmap="viridis", origin="upper")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layer indices, not 2.5
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("layer j")
-    ax.set_ylabel("layer i")
+    ax.set_xlabel("Layer j")
+    ax.set_ylabel("Layer i")
     ax.set_title(title)
     figure.colorbar(image, ax=ax, label=label)
     return figure
 
 
-def save_figure(figure: Figure, path: str | Path, dpi: int = 150) -> Path:
-    """Save a figure as PNG (Agg), creating the folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=dpi, bbox_inches="tight")
-    return path
-
-
-def slug(text: str) -> str:
-    """A file-name-safe metric or label name: ppl/wikitext2/token -> ppl-wikitext2-token."""
-    text = text.removeprefix(LABEL_PREFIX)
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in text)
-    return cleaned.strip("-") or "plot"
-
-
 # --------------------------------------------------------------------------- helpers
 
 
-def _figure(ncols: int) -> Figure:
-    figure = Figure(figsize=(5.5 * ncols, 4), layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
+def _log_limits(axis, values: Sequence[float]) -> None:
+    """Log axis over the means, bar ends and dense line; a bar reaching zero or below (a wide
+    CI of 3 seeds) is cut at the bottom instead of stretching the axis over decades."""
+    positive = [v for v in values if np.isfinite(v) and v > 0]
+    use_log_axis(axis, positive)
+    if positive:
+        axis.set_ylim(min(positive) / 1.1, max(positive) * 1.1)
 
 
-def _error_bars(line: pd.DataFrame, error: str):
-    if error == "none":
-        return None
-    if error == "std":
-        return line["std"].fillna(0.0).to_numpy()
-    low = (line["mean"] - line["ci_low"]).fillna(0.0).to_numpy()
-    high = (line["ci_high"] - line["mean"]).fillna(0.0).to_numpy()
-    return np.vstack([low, high])
+def _x_axis(axis, settings: pd.DataFrame, x: str, categories: list[str] | None) -> None:
+    if categories is not None:
+        axis.set_xticks(range(len(categories)), categories)
+        axis.set_xlim(-0.5, len(categories) - 0.5)
+    else:
+        ticks = sorted(settings["_x"].unique())
+        if len(ticks) <= 12:
+            axis.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    axis.set_xlabel(display_name(x))
 
 
 def _varying_labels(settings: pd.DataFrame, exclude: Sequence[str]) -> list[str]:
-    skip = set(exclude) | {LABEL_PREFIX + "model"}
+    skip = set(exclude) | {MODEL}
     varying = [c for c in label_columns(settings)
                if c not in skip and settings[c].astype(str).nunique() > 1]
+    varying = distinguishing_labels(settings.astype({c: str for c in varying}), varying,
+                                    within=[MODEL] if MODEL in settings else [])
     return varying or ([LABEL_PREFIX + "method"] if LABEL_PREFIX + "method" in settings else [])
 
 
@@ -177,39 +174,3 @@ def _groups(frame: pd.DataFrame, hue: Sequence[str]):
     for key, group in frame.groupby(list(hue), dropna=False, sort=True):
         key = key if isinstance(key, tuple) else (key,)
         yield " ".join(str(k) for k in key if not (isinstance(k, float) and math.isnan(k))), group
-
-
-def _record_labels(records: Sequence[RunRecord]) -> dict[str, str]:
-    keys = sorted({key for record in records for key in record.labels})
-    varying = [k for k in keys if len({json.dumps(r.labels.get(k), default=str)
-                                       for r in records}) > 1]
-    shown = varying or [k for k in ("method",) if k in keys]
-    return {r.signature: " ".join(str(r.labels.get(k, "")) for k in shown) or r.signature
-            for r in records}
-
-
-def _layer_values(record: RunRecord, kind: str, field: str) -> list[tuple[int, float]]:
-    if kind == "sparsity":
-        per_layer = (record.data.get("sparsity") or {}).get("per_layer") or []
-        return [(int(item["layer"]), float(item[field])) for item in per_layer
-                if isinstance(item, Mapping) and item.get(field) is not None]
-    if kind == "scores":
-        return _scores(record.data.get("pruning") or {})
-    raise AnalysisError(f"unknown profile kind {kind!r}; use sparsity or scores")
-
-
-def _scores(pruning: Mapping[str, Any]) -> list[tuple[int, float]]:
-    scores = pruning.get("layer_scores")
-    if isinstance(scores, Mapping):
-        return sorted((int(layer), float(score)) for layer, score in scores.items())
-    if isinstance(scores, list):
-        pairs = []
-        for i, item in enumerate(scores):
-            if isinstance(item, Mapping):
-                value = item.get("score", item.get("value"))
-                if value is not None:
-                    pairs.append((int(item.get("layer", i)), float(value)))
-            elif item is not None:
-                pairs.append((i, float(item)))
-        return pairs
-    return []

@@ -29,6 +29,20 @@ def display_label_columns(summary: pd.DataFrame, always: Sequence[str] = ()) -> 
     return shown
 
 
+def distinguishing_labels(settings: pd.DataFrame, columns: Sequence[str],
+                          within: Sequence[str] = ()) -> list[str]:
+    """`columns` less those implied by the others (within each group of `within`): a selector
+    that follows from the scorer tells no setting apart, so a legend or a table need not show it.
+    Later columns are dropped first."""
+    kept = list(columns)
+    for column in reversed(list(columns)):
+        rest = [c for c in kept if c != column]
+        if rest and len(settings.drop_duplicates(rest + list(within))) == len(
+                settings.drop_duplicates(kept + list(within))):
+            kept = rest
+    return kept
+
+
 def format_table(summary: pd.DataFrame, decimals: int | None = None,
                  label_columns_shown: Sequence[str] | None = None, vs_dense: bool = False
                  ) -> tuple[pd.DataFrame, list[str]]:
@@ -66,36 +80,47 @@ def format_table(summary: pd.DataFrame, decimals: int | None = None,
 
 
 def to_markdown(table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
-    """A GitHub-flavoured markdown table; numeric-looking columns right-aligned; notes below."""
-    def cell(value: Any) -> str:
-        return str(value).replace("|", "\\|")
-
-    header = "| " + " | ".join(cell(c) for c in table.columns) + " |"
-    align = "|" + "|".join("---:" if _is_numeric_column(table[c]) else "---"
-                           for c in table.columns) + "|"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    text = "\n".join([header, align, *body]) + "\n"
+    """A markdown (pipe) table through tabulate (`DataFrame.to_markdown`), cells kept as the
+    strings they are (no number re-parsing), numeric-looking columns right-aligned; notes below."""
+    cells = table.map(lambda value: str(value).replace("|", "\\|"))
+    cells.columns = [str(column).replace("|", "\\|") for column in table.columns]
+    align = ["right" if _is_numeric_column(table[c]) else "left" for c in table.columns]
+    text = cells.to_markdown(index=False, tablefmt="pipe", disable_numparse=True,
+                             colalign=align) + "\n"
     if notes:
         text += "\nNotes:\n" + "".join(f"- {note}\n" for note in notes)
     return text
 
 
-def to_latex(table: pd.DataFrame, notes: Sequence[str] = (), group_column: str = "model") -> str:
-    """A booktabs `tabular` (for \\input inside a table environment); \\midrule between models;
-    notes as LaTeX comments above it."""
+def to_latex(table: pd.DataFrame, notes: Sequence[str] = (), group_column: str = "model",
+             bold: pd.DataFrame | None = None) -> str:
+    """A booktabs `tabular` (for \\input inside a table environment) through pandas' Styler:
+    text escaped for LaTeX, numeric-looking columns right-aligned, \\midrule between models,
+    cells where `bold` is True in bold; notes as LaTeX comments above it."""
     spec = "".join("r" if _is_numeric_column(table[c]) else "l" for c in table.columns)
-    lines = [f"% note: {_latex_escape(note)}" for note in notes]
-    lines += [f"\\begin{{tabular}}{{{spec}}}", "\\toprule",
-              " & ".join(_latex_escape(c) for c in table.columns) + " \\\\", "\\midrule"]
-    previous = None
-    for row in table.itertuples(index=False):
-        group = getattr(row, group_column, None) if group_column in table.columns else None
-        if previous is not None and group != previous:
-            lines.append("\\midrule")
-        previous = group
-        lines.append(" & ".join(_latex_escape(v) for v in row) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(lines) + "\n"
+    styler = table.style.hide(axis="index").format(escape="latex").format_index(
+        escape="latex", axis=1)
+    if bold is not None:
+        styler = styler.apply(lambda _: bold.replace({True: "font-weight: bold;",
+                                                      False: ""}).to_numpy(), axis=None)
+    body = styler.to_latex(hrules=True, column_format=spec, convert_css=bold is not None,
+                           multicol_align="c")
+    lines = body.splitlines()
+    if group_column in table.columns:  # a rule before each model's block but the first
+        first = lines.index("\\midrule") + 1
+        groups = table[group_column].astype(str).tolist()
+        for row in reversed(range(1, len(groups))):
+            if groups[row] != groups[row - 1]:
+                lines.insert(first + row, "\\midrule")
+    comments = [f"% note: {note}" for note in notes]
+    return latex_text("\n".join(comments + lines)) + "\n"
+
+
+def latex_text(text: str) -> str:
+    """Unicode that LaTeX's default fonts lack, as math: ±, Δ, ↑, ↓, <, >; en dash as --."""
+    for char, latex in _LATEX_UNICODE.items():
+        text = text.replace(char, latex)
+    return text
 
 
 def format_mean(row: pd.Series, digits: int, with_n: bool = True) -> str:
@@ -169,15 +194,9 @@ def text_of(value: Any) -> str:
 
 
 def _is_numeric_column(column: pd.Series) -> bool:
-    values = [v for v in column.astype(str) if v not in ("", "–", "n/a", "baseline")]
+    values = [v.strip("*") for v in column.astype(str) if v not in ("", "–", "n/a", "baseline")]
     return bool(values) and all(re.match(r"^[<+\-−]?\d", v) for v in values)
 
 
-_LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
-                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
-                   "^": r"\textasciicircum{}", "±": r"$\pm$", "Δ": r"$\Delta$", "–": "--",
-                   "<": r"$<$", ">": r"$>$"}
-
-
-def _latex_escape(value: Any) -> str:
-    return "".join(_LATEX_SPECIALS.get(char, char) for char in str(value))
+_LATEX_UNICODE = {"±": r"$\pm$", "Δ": r"$\Delta$", "–": "--", "↑": r"$\uparrow$",
+                  "↓": r"$\downarrow$", "·": r"$\cdot$", "<": r"$<$", ">": r"$>$"}

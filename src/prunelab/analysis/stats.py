@@ -6,9 +6,10 @@ matched by seed (across runs) or by evaluation window / item (within one pair of
 to pair numbers measured under different protocols (a perplexity at seqlen 2048 is not comparable
 with one at 4096).
 
-All functions are pure: numbers in, small result objects out. scipy does the statistics; the only
-arithmetic written here is Holm's step-down adjustment (not in scipy) and the bootstrap p-value
-read off scipy's bootstrap distribution.
+All functions are pure: numbers in, small result objects out. scipy and statsmodels do the
+statistics (t-test, Wilcoxon, bootstrap and t-interval from scipy; Holm's adjustment and McNemar's
+test from statsmodels); the only arithmetic written here is the bootstrap p-value read off scipy's
+bootstrap distribution.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
+from statsmodels.stats import contingency_tables
+from statsmodels.stats.multitest import multipletests
 
 from prunelab.analysis.records import AnalysisError
 
@@ -172,18 +175,17 @@ def bootstrap_mean_difference(a: Sequence[float], b: Sequence[float],
 
 
 def holm(pvalues: Sequence[float]) -> np.ndarray:
-    """Holm step-down adjusted p-values (family-wise error), same order as given.
+    """Holm step-down adjusted p-values (family-wise error), same order as given
+    (statsmodels' `multipletests(method="holm")`).
 
-    NaN p-values are left NaN and do not count towards the family size. Sorted ascending,
-    p_adj(i) = max_{j<=i} min(1, (m - j + 1) * p(j)).
+    NaN p-values are left NaN and do not count towards the family size: a comparison that was
+    refused (different protocol, too few seeds) is not a test, so it must not inflate the others.
     """
     pvalues = np.asarray(pvalues, dtype=float)
     adjusted = np.full_like(pvalues, np.nan)
-    finite = np.flatnonzero(np.isfinite(pvalues))
-    order = finite[np.argsort(pvalues[finite], kind="stable")]
-    m = len(order)
-    scaled = (m - np.arange(m)) * pvalues[order]
-    adjusted[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
+    finite = np.isfinite(pvalues)
+    if finite.any():
+        adjusted[finite] = multipletests(pvalues[finite], method="holm")[1]
     return adjusted
 
 
@@ -237,11 +239,14 @@ def mean_confidence_interval(values: Sequence[float],
     values = np.asarray(values, dtype=float)
     if len(values) < 2:
         return math.nan, math.nan
+    mean = float(values.mean())
     if _is_constant(values):
-        return float(values[0]), float(values[0])
-    low, high = stats.t.interval(confidence_level, len(values) - 1, loc=values.mean(),
+        return mean, mean
+    low, high = stats.t.interval(confidence_level, len(values) - 1, loc=mean,
                                  scale=stats.sem(values))
-    return float(low), float(high)
+    # Rounding can put a bound a hair past the mean (seeds that agree to 1e-16): never report
+    # a negative half-width.
+    return min(float(low), mean), max(float(high), mean)
 
 
 # --------------------------------------------------------------------------- two single runs
@@ -326,9 +331,11 @@ class McNemarResult:
 
 
 def mcnemar(correct_a: Sequence[float], correct_b: Sequence[float]) -> McNemarResult:
-    """McNemar's test: exact binomial (scipy.stats.binomtest) and continuity-corrected chi-square.
+    """McNemar's test (statsmodels' `contingency_tables.mcnemar`): exact binomial and the
+    continuity-corrected chi-square, on the 2x2 table of per-item correctness.
 
-    With no discordant items both p-values are 1 (the runs agree on every item).
+    With no discordant items both p-values are 1 (the runs agree on every item; the chi-square
+    would divide by zero).
     """
     a = np.asarray(correct_a, dtype=float)
     b = np.asarray(correct_b, dtype=float)
@@ -338,15 +345,17 @@ def mcnemar(correct_a: Sequence[float], correct_b: Sequence[float]) -> McNemarRe
         raise AnalysisError("McNemar needs per-item correctness values of 0 or 1")
     a_only = int(np.count_nonzero((a == 1) & (b == 0)))
     b_only = int(np.count_nonzero((a == 0) & (b == 1)))
-    discordant = a_only + b_only
-    if discordant == 0:
+    both = int(np.count_nonzero((a == 1) & (b == 1)))
+    neither = len(a) - a_only - b_only - both
+    if a_only + b_only == 0:
         p_exact, chi2, p_chi2 = 1.0, 0.0, 1.0
     else:
-        p_exact = float(stats.binomtest(a_only, discordant, 0.5).pvalue)
-        chi2 = (abs(a_only - b_only) - 1) ** 2 / discordant
-        p_chi2 = float(stats.chi2.sf(chi2, df=1))
+        table = [[both, a_only], [b_only, neither]]
+        p_exact = float(contingency_tables.mcnemar(table, exact=True).pvalue)
+        corrected = contingency_tables.mcnemar(table, exact=False, correction=True)
+        chi2, p_chi2 = float(corrected.statistic), float(corrected.pvalue)
     return McNemarResult(n_items=len(a), accuracy_a=float(a.mean()), accuracy_b=float(b.mean()),
-                         a_only=a_only, b_only=b_only, p_exact=p_exact, chi2=float(chi2),
+                         a_only=a_only, b_only=b_only, p_exact=p_exact, chi2=chi2,
                          p_chi2=p_chi2)
 
 

@@ -1,0 +1,82 @@
+"""Display names for metric keys and labels: the one table every axis, legend and table header
+reads, so a figure says "Perplexity (real text, token)" where the records say
+`ppl/realtext/token`.
+
+Why one table: names written at each plot call drift apart (one figure says "ppl", the next
+"perplexity"), and a reader of a paper figure should never have to decode a record key. Each
+entry has a long form (axes, captions) and a short form (table headers, where width matters).
+Keys not in the table get a name built from their parts (`ppl/<corpus>/<kind>`,
+`zeroshot/<task>/<measure>`), and anything else is shown as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prunelab.analysis.records import LABEL_PREFIX
+
+#: key -> (long name, short name). Metric keys as in the records, label keys without "labels.".
+DISPLAY_NAMES: dict[str, tuple[str, str]] = {
+    "ppl/testbed/token": ("Perplexity (testbed text, token)", "PPL (testbed)"),
+    "ppl/realtext/token": ("Perplexity (real text, token)", "PPL (real text)"),
+    "ppl/wikitext2/token": ("Perplexity (WikiText-2, token)", "PPL (WikiText-2)"),
+    "ppl/wikitext2/word": ("Perplexity (WikiText-2, word)", "Word PPL (WikiText-2)"),
+    "ppl/c4/token": ("Perplexity (C4, token)", "PPL (C4)"),
+    "ppl/token": ("Perplexity (own text, token)", "PPL"),
+    "zeroshot/average": ("Zero-shot accuracy (avg)", "Zero-shot avg"),
+    "sparsity": ("Sparsity", "Sparsity"),
+    "sparsity_type": ("Sparsity pattern", "Pattern"),
+    "layers_removed": ("Layers removed", "Layers removed"),
+    "method": ("Method", "Method"),
+    "model": ("Model", "Model"),
+    "allocation": ("Allocation", "Allocation"),
+    "scorer": ("Layer scorer", "Scorer"),
+    "selector": ("Selector", "Selector"),
+    "recovery": ("Recovery", "Recovery"),
+    "calibration": ("Calibration data", "Calibration"),
+    "layer": ("Layer", "Layer"),
+}
+
+#: Corpus and measure parts of metric keys missing from DISPLAY_NAMES.
+CORPUS_NAMES = {"testbed": "testbed text", "realtext": "real text", "wikitext2": "WikiText-2",
+                "c4": "C4", "ptb": "PTB"}
+MEASURE_NAMES = {"acc": "accuracy", "acc_norm": "normalised accuracy"}
+
+
+def display_name(key: Any) -> str:
+    """The long name of a metric or label key (for axes and captions)."""
+    return _names(str(key))[0]
+
+
+def short_name(key: Any) -> str:
+    """The short name of a metric or label key (for table headers)."""
+    return _names(str(key))[1]
+
+
+def is_perplexity(metric: str) -> bool:
+    """Perplexity metrics: positive, spanning orders of magnitude, so plotted on a log axis."""
+    return str(metric).startswith("ppl/")
+
+
+def direction(higher_is_better: Any) -> str:
+    """"↑" when higher is better, "↓" when lower is, "" when unknown."""
+    if isinstance(higher_is_better, str):
+        higher_is_better = {"true": True, "false": False}.get(higher_is_better.lower())
+    if higher_is_better is None or higher_is_better != higher_is_better:  # None or NaN
+        return ""
+    return "↑" if bool(higher_is_better) else "↓"
+
+
+def _names(key: str) -> tuple[str, str]:
+    key = key.removeprefix(LABEL_PREFIX)
+    if key in DISPLAY_NAMES:
+        return DISPLAY_NAMES[key]
+    parts = key.split("/")
+    if parts[0] == "ppl" and len(parts) == 3:
+        corpus = CORPUS_NAMES.get(parts[1], parts[1])
+        prefix = "Word PPL" if parts[2] == "word" else "PPL"
+        return f"Perplexity ({corpus}, {parts[2]})", f"{prefix} ({corpus})"
+    if parts[0] == "zeroshot" and len(parts) == 3:
+        measure = MEASURE_NAMES.get(parts[2], parts[2])
+        return f"Zero-shot {measure} ({parts[1]})", parts[1]
+    return key, key
