@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-all wheel-check study by-model clean-venv
+.PHONY: setup run test test-all wheel-check notebook study by-model clean-venv
 STUDY ?=
 
 $(STAMP): pyproject.toml Makefile
@@ -34,6 +34,11 @@ test: setup
 ## The wheel in a fresh venv, run from an empty folder: --help, a short run, the README snippet
 wheel-check: setup
 	bash .ci/wheel_check.sh
+
+## Execute the results notebook on the committed results (output to a temporary file)
+notebook: setup
+	cd notebooks && ../$(VENV)/bin/jupyter nbconvert --to notebook --execute 01_results.ipynb \
+	    --output "$$(mktemp -d)/01_results.executed.ipynb"
 
 ## Everything, slow reproductions included
 test-all: setup
