@@ -1,0 +1,120 @@
+"""Benchmark: prunelab's magnitude, Wanda and SparseGPT masks against independent oracles.
+
+Over all 30 decoder layers of SmolLM2-135M (fp32, CPU) with 32 x 256 tokens of real text
+(`realtext`, seed 0), each method at 50% unstructured and 2:4 is run by prunelab (its defaults, and
+the non-default switches that show why the defaults matter) and by the oracle in `tests/oracles`
+(written from the papers' protocols, sharing no code with prunelab), each on its own copy of the
+dense model with the same calibration token ids. A mask is a weight matrix's zero pattern; the table
+counts the entries where the two differ, the layers where they do, and for SparseGPT the largest
+|W_prunelab - W_oracle| of the pruned weights. The oracle is run once per method and sparsity and
+compared with every prunelab setting.
+
+    python experiments/benchmarks/faithful_masks.py --out results/benchmarks  # ~20 min, 1 thread
+    python experiments/benchmarks/faithful_masks.py --render-only  # the markdown from the CSV
+
+The CI counterpart on the first two layers is tests/test_faithful_references.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
+
+from oracles.compare import compare, load_smollm2, oracle_run, realtext_calibration  # noqa: E402
+
+SPARSITY_TYPES = ("unstructured", "2:4")
+SETTINGS = {  # prunelab switches per method; {} = the defaults
+    "magnitude": [{}, {"ties": "exact", "rounding": "carry"}],  # the old default
+    "wanda": [{}, {"norm_arithmetic": "sum_of_squares"}, {"ties": "reference"}],
+    "sparsegpt": [{}, {"ties": "exact", "rounding": "carry"}],  # the old default
+}
+COLUMNS = {"method": "method", "sparsity": "sparsity", "setting": "setting",
+           "differing_entries": "differing entries", "total_entries": "total entries",
+           "fraction": "fraction", "layers_with_differences": "layers with differences",
+           "max_abs_dW": "max abs dW", "seconds_prunelab": "prunelab s",
+           "seconds_oracle": "oracle s"}
+
+
+def linears_with_differences(per_linear: dict[str, int]) -> str:
+    """"down_proj:12 q_proj:3": differing entries summed over layers, per linear name."""
+    totals: dict[str, int] = defaultdict(int)
+    for key, count in per_linear.items():
+        totals[key.split(".", 2)[2].rsplit(".", 1)[-1]] += count
+    return " ".join(f"{name}:{count}" for name, count in sorted(totals.items()) if count) or "none"
+
+
+def render(table: pd.DataFrame, header: str) -> str:
+    """Markdown of the table, every number formatted here (tabulate would reformat them)."""
+    shown = table[list(COLUMNS)].rename(columns=COLUMNS).copy()
+    for column in ("differing entries", "total entries"):
+        shown[column] = shown[column].map(lambda n: f"{int(n):,}")
+    shown["fraction"] = shown["fraction"].map(lambda f: f"{f:.3g}")
+    shown["max abs dW"] = shown["max abs dW"].map(lambda v: "" if pd.isna(v) else f"{v:.3g}")
+    for column in ("prunelab s", "oracle s"):
+        shown[column] = shown[column].map(lambda t: f"{t:.1f}")
+    aligns = ["left"] * 3 + ["right"] * 3 + ["left"] + ["right"] * 3
+    markdown = shown.to_markdown(index=False, disable_numparse=True, colalign=aligns)
+    return header + "\n\n" + markdown + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument("--nsamples", type=int, default=32)
+    parser.add_argument("--seqlen", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite the markdown from the CSV")
+    args = parser.parse_args()
+    csv, md = args.out / "faithful_masks.csv", args.out / "faithful_masks.md"
+    if args.render_only:
+        table = pd.read_csv(csv)
+        md.write_text(render(table, md.read_text().split("\n\n", 1)[0]))
+        print(md.read_text())
+        return 0
+    torch.set_num_threads(args.threads)
+    loaded = load_smollm2()
+    token_ids = realtext_calibration(loaded.tokenizer, args.nsamples, args.seqlen, seed=args.seed)
+    cpu = platform.processor() or platform.machine()
+    header = (f"# prunelab against the reference oracles: SmolLM2-135M, all "
+              f"{loaded.adapter.num_layers} layers, realtext calibration {args.nsamples} x "
+              f"{args.seqlen} tokens (seed {args.seed}); fp32, CPU ({cpu}), torch "
+              f"{torch.__version__}, {args.threads} thread(s)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for method, settings in SETTINGS.items():
+        for sparsity_type in SPARSITY_TYPES:
+            start = time.perf_counter()
+            oracle = oracle_run(loaded, method, token_ids, 0.5, sparsity_type)
+            seconds = time.perf_counter() - start
+            print(f"oracle {method} {sparsity_type}: {seconds:.0f} s", flush=True)
+            for switches in settings:
+                result = compare(loaded, method, token_ids, 0.5, sparsity_type, switches,
+                                 oracle=oracle)
+                row = result.row()
+                row["linears_with_differences"] = linears_with_differences(result.per_linear)
+                rows.append(row)
+                shown = ("method", "sparsity", "setting", "differing_entries",
+                         "layers_with_differences", "max_abs_dW", "seconds_prunelab")
+                print({k: row[k] for k in shown}, flush=True)
+                table = pd.DataFrame(rows)
+                table.to_csv(csv, index=False)
+                md.write_text(render(table, header))
+            del oracle
+    print(md.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

