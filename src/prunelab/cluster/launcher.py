@@ -205,6 +205,8 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
             return _returned(overrides, written)
         if isinstance(err, FailedJobError):  # its process raised outside the run
             message = f"the job failed outside the run: {last_error_line(str(err))} (log: {job.paths.stderr})"
+        elif not job.paths.stderr.exists():
+            message = f"the job ended {state} before it started"
         else:
             message = f"the job ended {state} without a result (log: {job.paths.stderr})"
         status = "interrupted" if state in ENDED_BY_SLURM or "not requeued" in message else "failed"
