@@ -211,6 +211,7 @@ def test_a_job_cancelled_before_it_starts_still_leaves_its_run_a_record(tmp_path
     records = sweep.by_seed(2)
     assert records[0]["status"] == "completed"
     assert records[1]["status"] == "interrupted" and records[1]["failure"]["stage"] == "job"
+    assert records[1]["environment"]["slurm"]["job"] == pending  # the job that never ran it
     assert sacct(pending)[pending]["state"].startswith("CANCELLED")
 
     again = sweep.run("-m", "seed=0,1", "pruning=slow_magnitude")

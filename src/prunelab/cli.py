@@ -94,7 +94,7 @@ def _run(cfg: DictConfig, launched: bool) -> dict[str, Any] | None:
         # error) and a relaunch retries it. A single run fails as usual.
         if launched or (_in_multirun() and cfg.runtime.get("keep_going", True)):
             message = f"{type(err).__name__}: {err}"
-            log.error("run failed, sweep goes on (%s): %s", job, message)
+            log.error("run failed, sweep goes on (%s): %s", job, message, exc_info=debug_enabled(cfg))
             if not launched:
                 note("failed", job, message)
             return outcome("failed", job, message)

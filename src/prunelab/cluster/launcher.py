@@ -64,6 +64,17 @@ def last_error_line(text: str) -> str:
     return errors[-1] if errors else (lines[0] if lines else "no message")
 
 
+def slurm_job_named(job) -> dict[str, Any]:
+    """`environment.slurm` of a run whose SLURM job never wrote its record: what the launching
+    process knows of that job (its id, array and log files)."""
+    from prunelab.tracking.environment import SLURM_FIELDS
+
+    array, _, task = job.job_id.partition("_")
+    return {**dict.fromkeys(SLURM_FIELDS), "job": job.job_id, "array_job_id": array if task else None,
+            "array_task_id": task or None, "job_id": None if task else array,
+            "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr)}
+
+
 def run_labels(job_overrides: Sequence[Sequence[str]]) -> list[str]:
     """Each run's overrides that tell it from the other runs of the batch ('seed=1')."""
     runs = [filter_overrides(list(o)) for o in job_overrides]
@@ -189,7 +200,9 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
             value: Any = {"status": "failed", "message": f"{type(error).__name__}: {error}"}
         else:
             value = ret.return_value
-        outcomes.note_returned(value, label, slurm_job)
+        completed = outcomes.note_returned(value, label, slurm_job)
+        if not completed and config is not None and self._written_by(job, config, submitted_at) is None:
+            self._record(job, config, *outcomes.status_and_message(value))  # stopped before its pipeline
         ret.status, ret.return_value = JobStatus.COMPLETED, value  # the sweeper re-raises FAILED
         return ret
 
@@ -199,7 +212,7 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
         from submitit.core.utils import FailedJobError
 
         state = (str(job.state) or "UNKNOWN").split()[0]
-        written = self._written_since(config, submitted_at)
+        written = self._written_by(job, config, submitted_at)
         if written and written.get("status") == "completed":  # killed after its record was written
             log.warning("#%s ended %s after its run completed: %s", label, state, job.paths.stderr)
             return _returned(overrides, written)
@@ -211,28 +224,33 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
             message = f"the job ended {state} without a result (log: {job.paths.stderr})"
         status = "interrupted" if state in ENDED_BY_SLURM or "not requeued" in message else "failed"
         if config is not None and written is None:
-            self._record(config, status, message)
+            self._record(job, config, status, message)
         slurm_job = job.job_id if self._EXECUTOR == "slurm" else None
         outcomes.note(status, label, message, slurm_job)
         return _returned(overrides, {"status": status, "message": message, "slurm_job": slurm_job})
 
     @staticmethod
-    def _written_since(config: dict | None, submitted_at: str) -> dict | None:
-        """The run's record if its job wrote it (started after submission)."""
+    def _written_by(job, config: dict | None, submitted_at: str) -> dict | None:
+        """The run's record if this job wrote it: it names this SLURM job, or (local jobs, one
+        clock) it started after the submission."""
         from prunelab.tracking import read_record
         from prunelab.tracking.unstarted import unstarted_record_path
 
         if config is None:
             return None
         existing = read_record(unstarted_record_path(config)) or {}
+        slurm = (existing.get("environment") or {}).get("slurm") or {}
+        if slurm.get("job"):
+            return existing if slurm["job"] == job.job_id else None
         return existing if str(existing.get("started_at", "")) >= submitted_at else None
 
-    @staticmethod
-    def _record(config: dict, status: str, message: str) -> None:
+    def _record(self, job, config: dict, status: str, message: str) -> None:
+        """The run's record, written here: its job never wrote one (see tracking/unstarted.py)."""
         from prunelab.tracking.unstarted import write_unstarted
 
         try:
-            path = write_unstarted(config, status, "job", "JobEndedWithoutResult", message)
+            path = write_unstarted(config, status, "job", "JobEndedWithoutResult", message,
+                                   slurm_job_named(job) if self._EXECUTOR == "slurm" else None)
             log.info("record: %s (%s)", path, status)
         except Exception as problem:  # an unwritable folder: the line below still names the run
             log.warning("no record for this run: %s", problem)

@@ -36,15 +36,20 @@ def note(status: str, job: str, message: str, slurm_job: str | None = None) -> N
     NOT_COMPLETED.append((status, f"{job or '(no overrides)'}: {message}{where}"))
 
 
+def status_and_message(value: Any) -> tuple[str, str]:
+    """(status, message) of a launched job's return value ("completed" for a record)."""
+    if isinstance(value, dict) and value.get("status") in ("completed", "failed", "interrupted"):
+        return value["status"], str(value.get("message", value["status"]))
+    return "failed", f"the job returned {type(value).__name__}, not a record"
+
+
 def note_returned(value: Any, job: str, slurm_job: str | None = None) -> bool:
     """Note a launched job's return value if its run did not complete; True if it did. `job` is
     the launcher's label of the run (the overrides that tell it from the sweep's other runs)."""
-    if isinstance(value, dict) and value.get("status") == "completed":
+    status, message = status_and_message(value)
+    if status == "completed":
         return True
-    if isinstance(value, dict) and value.get("status") in ("failed", "interrupted"):
-        note(value["status"], job, value.get("message", value["status"]), value.get("slurm_job") or slurm_job)
-        return False
-    note("failed", job, f"the job returned {type(value).__name__}, not a record", slurm_job)
+    note(status, job, message, (value.get("slurm_job") if isinstance(value, dict) else None) or slurm_job)
     return False
 
 

@@ -25,13 +25,17 @@ def unstarted_record_path(config: dict[str, Any]) -> Path:
 
 
 def write_unstarted(config: dict[str, Any], status: str, stage: str, error_type: str,
-                    message: str) -> Path:
-    """Write the `failed` / `interrupted` record of a run that did not start; returns its path."""
+                    message: str, slurm: dict[str, Any] | None = None) -> Path:
+    """Write the `failed` / `interrupted` record of a run that did not start; returns its path.
+    `slurm`: the run's SLURM job, when another process (the launcher) writes the record."""
     now = datetime.now(timezone.utc).isoformat()
+    where = environment()
+    if slurm is not None:
+        where["slurm"] = slurm
     record = {
         "schema_version": SCHEMA_VERSION, "status": status, "signature": config_signature(config),
         "seed": int(config["seed"]), "study": config.get("study"), "labels": {}, "config": config,
-        "started_at": now, "finished_at": now, "environment": environment(), "timings": {},
+        "started_at": now, "finished_at": now, "environment": where, "timings": {},
         "failure": {"stage": stage, "error_type": error_type, "message": message, "traceback": None},
     }
     return write_keeping_completed(unstarted_record_path(config), record)
