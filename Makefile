@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-all wheel-check notebook study by-model clean-venv
+.PHONY: setup run test test-cluster test-all wheel-check notebook study by-model clean-venv
 STUDY ?=
 
 $(STAMP): pyproject.toml Makefile
@@ -27,9 +27,13 @@ setup: $(STAMP)
 run: setup
 	$(VENV)/bin/prunelab $(ARGS)
 
-## The test suite without the slow, study-sized checks
+## The test suite without the slow, study-sized checks and the SLURM cluster tests
 test: setup
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not cluster" $(PYTEST_ARGS)
+
+## Sweeps on a real SLURM cluster (SLURM_CONF set; .ci/slurm_cluster.sh starts a local one)
+test-cluster: setup
+	$(PY) -m pytest -q -m cluster -o log_cli=true --log-cli-level=INFO --durations=0 $(PYTEST_ARGS)
 
 ## The wheel in a fresh venv, run from an empty folder: --help, a short run, the README snippet
 wheel-check: setup

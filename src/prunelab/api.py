@@ -48,11 +48,33 @@ def run(overrides: Sequence[str] = ()) -> dict[str, Any]:
     return run_config(cfg)
 
 
-def run_config(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
-    """One run of a composed config: what the CLI, `run` and a SLURM job all call."""
+def run_config(cfg: DictConfig, output_dir: Path | None = None,
+               record_failed_setup: bool = False) -> dict[str, Any]:
+    """One run of a composed config: what the CLI, `run` and a SLURM job all call.
+
+    With `record_failed_setup` (runs of a sweep), a config that does not build (a bad input file)
+    still leaves a `failed` record, stage `setup`, where the run's record belongs."""
     from prunelab.pipeline import run as run_pipeline
 
-    return run_pipeline(build_setup(cfg, output_dir))
+    try:
+        setup = build_setup(cfg, output_dir)
+    except Exception as err:
+        if record_failed_setup:
+            _record_failed_setup(cfg, err)
+        raise
+    return run_pipeline(setup)
+
+
+def _record_failed_setup(cfg: DictConfig, err: Exception) -> None:
+    from prunelab.config import resolved
+    from prunelab.tracking.unstarted import write_unstarted
+
+    try:
+        path = write_unstarted(resolved(cfg), "failed", "setup", type(err).__name__, str(err))
+    except Exception as problem:  # an unresolvable config or an unwritable folder: the error stays
+        log.warning("no record for this run's setup failure: %s", problem)
+        return
+    log.info("record: %s (failed)", path)
 
 
 def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: float | None = None,

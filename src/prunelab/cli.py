@@ -3,6 +3,7 @@
     prunelab                                   # default: prune the shipped testbed model, evaluate
     prunelab model=llama2_7b pruning=wanda     # a hub model on a GPU
     prunelab -m seed=0,1,2 pruning.sparsity=0.5,0.6
+    prunelab sweep=seeds3 hydra/launcher=slurm_cpu      # one SLURM job per run (README: clusters)
     prunelab aggregate records/ --out results/my_study
 
 Bad input (unknown group option, N:M with the wrong ratio, a ratio outside [0, 1), a missing path)
@@ -26,8 +27,10 @@ from prunelab.config import (  # noqa: F401  (re-exported: scripts import these 
     CONF_DIR, PACKAGE_CONF, build_setup, check_composes, check_overrides, group_options,
     model_preset, relabel_overridden_model,
 )
+from prunelab.cluster.outcomes import NOT_COMPLETED, in_launched_job, note, outcome, report
 from prunelab.errors import ConfigError, PrunelabError
-from prunelab.interrupts import exit_code
+from prunelab.interrupts import catch_termination, exit_code
+from prunelab.tracking.environment import slurm_job
 
 log = logging.getLogger("prunelab")
 
@@ -44,8 +47,9 @@ def _fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-#: Runs of this process's multirun that failed and were passed over (`runtime.keep_going`).
-FAILED_JOBS: list[str] = []
+#: Runs of this sweep that failed or were interrupted: filled by `hydra_entry` for runs of this
+#: process (the basic launcher) and by prunelab's launchers for launched jobs (cluster/outcomes.py).
+FAILED_JOBS = NOT_COMPLETED
 
 
 def _in_multirun() -> bool:
@@ -54,31 +58,50 @@ def _in_multirun() -> bool:
 
 @hydra.main(version_base="1.3", config_path=str(PACKAGE_CONF), config_name="config")
 def hydra_entry(cfg: DictConfig) -> dict[str, Any] | None:
-    from prunelab.api import run_config
+    """One run. In a launched job (hydra/launcher=slurm, slurm_cpu, local_parallel) the whole job
+    turns SIGTERM and SIGUSR2 into an interrupted run and never exits early: it returns the run's
+    record or outcome, which the launching process reports (cluster/outcomes.py)."""
+    if not in_launched_job():
+        return _run(cfg, launched=False)
+    slurm = slurm_job()
+    if slurm:
+        log.info("SLURM job %s (job id %s) on node %s, partition %s", slurm["job"], slurm["job_id"],
+                 slurm["node"], slurm["partition"])
+    with catch_termination():
+        return _run(cfg, launched=True)
 
+
+def _run(cfg: DictConfig, launched: bool) -> dict[str, Any] | None:
+    from prunelab.api import run_config, summary_line
+
+    job = " ".join(HydraConfig.get().overrides.task)
     try:
         relabel_overridden_model(cfg, list(HydraConfig.get().overrides.task))
-        record = run_config(cfg, output_dir=Path(HydraConfig.get().runtime.output_dir))
-    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (RunInterrupted): the record says interrupted
+        record = run_config(cfg, output_dir=Path(HydraConfig.get().runtime.output_dir),
+                            record_failed_setup=_in_multirun())
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM or SIGUSR2 (RunInterrupted): the record says so
         if debug_enabled(cfg):
             raise
-        _fail(f"interrupted ({getattr(err, 'signal_name', 'SIGINT')}); the record's status is "
-              "interrupted, a relaunch runs it again", exit_code(err))
+        name = getattr(err, "signal_name", "SIGINT")
+        if launched:
+            log.error("interrupted (%s); the record's status is interrupted, a relaunch runs it again", name)
+            return outcome("interrupted", job, f"interrupted ({name})")
+        _fail(f"interrupted ({name}); the record's status is interrupted, a relaunch runs it again",
+              exit_code(err))
         return None
     except Exception as err:
         # One failed setting of a sweep should not cost the rest: its record says failed (stage,
         # error) and a relaunch retries it. A single run fails as usual.
-        if _in_multirun() and cfg.runtime.get("keep_going", True):
-            job = " ".join(HydraConfig.get().overrides.task)
-            log.error("run failed, sweep goes on (%s): %s: %s", job, type(err).__name__, err)
-            FAILED_JOBS.append(f"{job}: {type(err).__name__}: {err}")
-            return None
+        if launched or (_in_multirun() and cfg.runtime.get("keep_going", True)):
+            message = f"{type(err).__name__}: {err}"
+            log.error("run failed, sweep goes on (%s): %s", job, message, exc_info=debug_enabled(cfg))
+            if not launched:
+                note("failed", job, message)
+            return outcome("failed", job, message)
         if isinstance(err, PrunelabError) and not debug_enabled(cfg):
             _fail(str(err))
             return None
         raise
-    from prunelab.api import summary_line
-
     log.info("done in %.1f s: %s", record["timings"]["total"], summary_line(record))
     return record
 
@@ -105,11 +128,7 @@ def main() -> None:
     except BrokenPipeError:  # `prunelab --help | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
-    if FAILED_JOBS:
-        print(f"prunelab: {len(FAILED_JOBS)} run(s) of the sweep failed (records say why; "
-              "relaunch to retry them):", file=sys.stderr)
-        for job in FAILED_JOBS:
-            print(f"  {job}", file=sys.stderr)
+    if report():  # the runs of the sweep that failed or were interrupted, one line each
         sys.exit(1)
 
 

@@ -193,8 +193,9 @@ def build_setup(cfg: DictConfig, output_dir: Path | None = None):
     config = resolved(cfg)
     runtime = cfg.runtime
     check_runtime(cfg)
-    if runtime.threads:
-        torch.set_num_threads(int(runtime.threads))
+    threads = runtime.threads or os.environ.get("SLURM_CPUS_PER_TASK")  # a SLURM job's own CPUs
+    if threads:
+        torch.set_num_threads(int(threads))
     if not runtime.progress:
         from transformers.utils import logging as hf_logging
 

@@ -193,6 +193,15 @@ def stream_pruned_layer(tracker: Tracker, clock: StageClock, loaded: LoadedModel
                  "prune/layers_done": (index + 1) / total})
 
 
+def finished_record(path: Path, save_model: bool = False) -> dict[str, Any] | None:
+    """The completed record at `path` that makes a rerun unnecessary (with `save_model`, only one
+    whose model was saved), else None. Runs skip on it, and so do launchers before submitting."""
+    if not is_completed(path):
+        return None
+    done = read_record(path)
+    return done if not save_model or saved_model_present(done) else None
+
+
 def run(setup: RunSetup) -> dict[str, Any]:
     """Run the pipeline once and return the record (also written to `setup.record_file`, or beside
     it when a completed record is there already: see tracking/keep.py).
@@ -205,8 +214,8 @@ def run(setup: RunSetup) -> dict[str, Any]:
 def _run(setup: RunSetup) -> dict[str, Any]:
     path = setup.record_file
     if setup.skip_completed and is_completed(path):
-        done = read_record(path)
-        if not setup.save_model or saved_model_present(done):
+        done = finished_record(path, setup.save_model)
+        if done is not None:
             log.info("already completed, skipping: %s (runtime.skip_completed=false reruns it)", path)
             return done
         log.warning("already completed but its model was not saved: running again to save it "

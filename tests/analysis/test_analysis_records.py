@@ -15,17 +15,19 @@ from prunelab.analysis import records
 def test_failed_and_unreadable_records_are_excluded_and_counted(study_dir, caplog):
     write_record(study_dir, signature_for("broken"), 0, labels_for("owl", 0.5), None,
                  status="failed")
+    write_record(study_dir, signature_for("cut"), 0, labels_for("owl", 0.7), None,
+                 status="interrupted")  # a SLURM time limit: excluded like a failed run, not unreadable
     (study_dir / "junk" / "seed0").mkdir(parents=True)
     (study_dir / "junk" / "seed0" / "result.json").write_text("{not json")
     (study_dir / "old" / "seed0").mkdir(parents=True)
     (study_dir / "old" / "seed0" / "result.json").write_text(json.dumps({"schema_version": 0}))
     with caplog.at_level(logging.WARNING, logger="prunelab.analysis"):
         loaded = records.load_records([study_dir])
-    assert len(loaded.completed) == 6 and len(loaded.failed) == 1
+    assert len(loaded.completed) == 6 and len(loaded.failed) == 2
     assert len(loaded.unreadable) == 2
     skipped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipping")]
     assert len(skipped) == 2 and all("\n" not in line for line in skipped)
-    assert any("excluded 1 failed run" in r.getMessage() for r in caplog.records)
+    assert any("excluded 2 failed run" in r.getMessage() for r in caplog.records)
     frame = records.records_to_frame(loaded)
     assert set(frame["status"]) == {"completed"} and len(frame) == 6 * 2
 

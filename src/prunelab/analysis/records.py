@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 RECORD_FILENAME = "result.json"
 SUPPORTED_SCHEMA_VERSIONS = (1,)
-COMPLETED, FAILED = "completed", "failed"
+COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
 LABEL_PREFIX = "labels."
 
 
@@ -129,7 +129,7 @@ def validate_record(data: Any, source: str) -> RunRecord:
     missing = [key for key in ("status", "signature", "seed") if data.get(key) is None]
     if missing:
         raise AnalysisError(f"missing field(s): {', '.join(missing)}")
-    if data["status"] not in (COMPLETED, FAILED):
+    if data["status"] not in (COMPLETED, FAILED, INTERRUPTED):  # interrupted: counted with failed
         raise AnalysisError(f"unexpected status {data['status']!r}")
     try:
         int(data["seed"])

@@ -1,4 +1,4 @@
-"""Facts about where a run ran: code version, libraries, hardware, peak memory."""
+"""Facts about where a run ran: code version, libraries, hardware, the SLURM job, peak memory."""
 
 from __future__ import annotations
 
@@ -87,6 +87,34 @@ def hardware() -> dict[str, Any]:
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpus": gpus}
 
 
+#: environment.slurm's fields and the SLURM variables they come from.
+SLURM_FIELDS = {"job_id": "SLURM_JOB_ID", "array_job_id": "SLURM_ARRAY_JOB_ID",
+                "array_task_id": "SLURM_ARRAY_TASK_ID", "job_name": "SLURM_JOB_NAME",
+                "partition": "SLURM_JOB_PARTITION", "node": "SLURMD_NODENAME",
+                "cluster": "SLURM_CLUSTER_NAME", "submit_dir": "SLURM_SUBMIT_DIR",
+                "restart_count": "SLURM_RESTART_COUNT"}
+
+
+def slurm_job() -> dict[str, Any] | None:
+    """The SLURM job that ran this process (None outside SLURM), so a record names the job whose
+    logs and `sacct` entry belong to it. `job` is the id `scancel` and `sacct -j` take (`<array job
+    id>_<index>` for an array task); `stdout` and `stderr` are submitit's log files of that job, when
+    submitit ran it."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return None
+    info: dict[str, Any] = {key: os.environ.get(var) for key, var in SLURM_FIELDS.items()}
+    array = info["array_job_id"] is not None and info["array_task_id"] is not None
+    info["job"] = f"{info['array_job_id']}_{info['array_task_id']}" if array else info["job_id"]
+    info["stdout"] = info["stderr"] = None
+    if "SUBMITIT_FOLDER" in os.environ:
+        from submitit.core.utils import JobPaths
+
+        paths = JobPaths(os.environ["SUBMITIT_FOLDER"], job_id=info["job"],
+                         task_id=int(os.environ.get("SLURM_PROCID", 0)))
+        info["stdout"], info["stderr"] = str(paths.stdout), str(paths.stderr)
+    return info
+
+
 def environment() -> dict[str, Any]:
     """Where and with what code the run ran. `git_sha` is the checkout's commit (editable installs)
     or the one pip recorded for `pip install git+URL`; `package` says which."""
@@ -94,7 +122,7 @@ def environment() -> dict[str, Any]:
     if state["git_sha"] is None and package["commit"]:
         state = {"git_sha": package["commit"], "git_dirty": False}
     return {**state, "package": package, "python": sys.version.split()[0],
-            "libraries": library_versions(), "hardware": hardware()}
+            "libraries": library_versions(), "hardware": hardware(), "slurm": slurm_job()}
 
 
 def peak_memory() -> dict[str, int | None]:

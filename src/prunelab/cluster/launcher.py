@@ -1,0 +1,256 @@
+"""What prunelab's submitit launchers do: `hydra/launcher=slurm` (GPU clusters), `slurm_cpu`
+(clusters without GPUs or GRES) and `local_parallel` (one local process per run). Hydra only
+instantiates launchers defined in `hydra_plugins`: the classes are in hydra_plugins/prunelab_launcher.
+
+Hydra's submitit launcher submits every run of a sweep, then reads the jobs' results in order: the
+first job that was cancelled or failed outside its run raises `UncompletedJobError`, so the command
+ends in a traceback while later jobs still run, and a run that failed inside its job leaves the
+exit code at 0. These launchers instead
+
+- check the settings before submitting anything (cluster/checks.py): one line, exit 2;
+- submit only the runs without a completed record (a relaunch of a finished sweep submits nothing);
+- wait for every job and turn its end into an outcome (cluster/outcomes.py): the run's record,
+  failed, interrupted, or "ended without a result" for a job that never reported back (cancelled
+  while pending, killed, out of memory, a failed node; its state read from `sacct`), whose record
+  the launching process then writes itself (tracking/unstarted.py), so every run has one;
+- never requeue: a job's end-of-allocation signals end its run as `interrupted` (interrupts.py) and
+  relaunching the same command reruns exactly the runs that did not complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra_plugins.hydra_submitit_launcher import submitit_launcher as upstream
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+from omegaconf import OmegaConf, open_dict, read_write
+
+from prunelab.cluster import checks, outcomes
+from prunelab.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: sacct states of a job whose allocation was taken away: its run counts as interrupted.
+ENDED_BY_SLURM = ("CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE", "NODE_FAIL", "BOOT_FAIL", "REQUEUED")
+
+
+def _stop(err: ConfigError) -> None:
+    print(f"prunelab: error: {err}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _returned(overrides: Sequence[str], value: Any) -> JobReturn:
+    """A JobReturn Hydra's sweeper reads without raising, whatever became of the run."""
+    ret = JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED)
+    ret.return_value = value
+    return ret
+
+
+def last_error_line(text: str) -> str:
+    """The exception line of the traceback in submitit's FailedJobError message."""
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("---")]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line)]
+    return errors[-1] if errors else (lines[0] if lines else "no message")
+
+
+def slurm_job_named(job) -> dict[str, Any]:
+    """`environment.slurm` of a run whose SLURM job never wrote its record: what the launching
+    process knows of that job (its id, array and log files)."""
+    from prunelab.tracking.environment import SLURM_FIELDS
+
+    array, _, task = job.job_id.partition("_")
+    return {**dict.fromkeys(SLURM_FIELDS), "job": job.job_id, "array_job_id": array if task else None,
+            "array_task_id": task or None, "job_id": None if task else array,
+            "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr)}
+
+
+def run_labels(job_overrides: Sequence[Sequence[str]]) -> list[str]:
+    """Each run's overrides that tell it from the other runs of the batch ('seed=1')."""
+    runs = [filter_overrides(list(o)) for o in job_overrides]
+    shared = set.intersection(*(set(o) for o in runs)) if len(runs) > 1 else set()
+    return [" ".join(o for o in overrides if o not in shared) or " ".join(overrides) for overrides in runs]
+
+
+class WaitsForEveryJob(upstream.BaseSubmititLauncher):
+    """`launch` as the module says; the job side (`__call__`) is Hydra's."""
+
+    def check(self) -> None:
+        """Settings checked before submission; a ConfigError ends the command in one line."""
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        """No requeue from submitit's SIGUSR2 handler: a relaunch resumes a sweep (the records)."""
+        return None
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        try:
+            self.check()
+        except ConfigError as err:
+            _stop(err)
+        labels = run_labels(job_overrides)
+        returns: dict[int, JobReturn] = {}
+        todo = []
+        for n, overrides in enumerate(job_overrides):
+            idx, config = initial_job_idx + n, self._run_config(list(overrides))
+            done = self._finished(config)
+            if done is not None:
+                log.info("#%d %s: completed already, not submitted", idx, labels[n])
+                returns[idx] = _returned(overrides, done)
+            else:
+                todo.append((idx, list(overrides), labels[n], config))
+        if not todo:
+            log.info("every run of the sweep has a completed record: nothing to submit")
+        else:
+            submitted_at = datetime.now(timezone.utc).isoformat()
+            jobs = self._submit(todo)
+            returns.update(self._wait_all(todo, jobs, submitted_at))
+        return [returns[initial_job_idx + n] for n in range(len(job_overrides))]
+
+    def _run_config(self, overrides: list[str]) -> dict[str, Any] | None:
+        """The run's resolved config (what its record keeps), or None if it does not compose: then
+        the job is submitted and reports what is wrong."""
+        from prunelab.config import relabel_overridden_model, resolved
+
+        try:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+            task = list(cfg.hydra.overrides.task)
+            with read_write(cfg), open_dict(cfg):
+                del cfg["hydra"]
+            relabel_overridden_model(cfg, task)
+            return resolved(cfg)
+        except Exception as err:  # the job will fail on it with the full message
+            log.debug("could not compose %s before submission: %s", overrides, err)
+            return None
+
+    @staticmethod
+    def _finished(config: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The run's completed record when the run would skip on it (runtime.skip_completed)."""
+        if config is None or not config["runtime"].get("skip_completed", True):
+            return None
+        from prunelab.pipeline import finished_record
+        from prunelab.tracking.unstarted import unstarted_record_path
+
+        return finished_record(unstarted_record_path(config), bool(config.get("save_model")))
+
+    def _submit(self, todo: list) -> list:
+        import submitit
+        from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+        params = dict(self.params)
+        init = {"folder": params.pop("submitit_folder")}
+        if "max_num_timeout" in params:
+            init[f"{self._EXECUTOR}_max_num_timeout"] = params.pop("max_num_timeout")
+        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
+        queue_keys = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(**{k if k in queue_keys else f"{self._EXECUTOR}_{k}": v
+                                      for k, v in params.items()})
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        if "mode" in self.config.hydra.sweep:
+            os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
+        for idx, _, label, _ in todo:
+            log.info("\t#%d : %s", idx, label)
+        job_params = [(overrides, "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
+                      for idx, overrides, _, _ in todo]
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's refusal
+                jobs = executor.map_array(self, *zip(*job_params))
+        except (FailedJobError, FailedSubmissionError) as err:  # sbatch said no
+            _stop(checks.submission_error(str(err)))
+        arrays = sorted({job.job_id.split("_")[0] for job in jobs})
+        log.info("submitted %d job(s) (%s %s); logs in %s/.submitit/", len(jobs),
+                 "SLURM job" if self._EXECUTOR == "slurm" else "local job", ", ".join(arrays), sweep_dir)
+        return jobs
+
+    def _wait_all(self, todo: list, jobs: list, submitted_at: str) -> dict[int, JobReturn]:
+        """Every job's outcome, in order; Ctrl-C stops waiting (the jobs keep running)."""
+        returns = {}
+        try:
+            for (idx, overrides, label, config), job in zip(todo, jobs):
+                returns[idx] = self._outcome(job, overrides, label, config, submitted_at)
+        except KeyboardInterrupt:
+            ids = " ".join(sorted({job.job_id.split("_")[0] for job in jobs}))
+            print(f"prunelab: stopped waiting; the sweep's jobs ({ids}) keep running and write their "
+                  "records (squeue lists them, scancel stops them); once they are done, relaunching the "
+                  "same command submits just the runs without a completed record", file=sys.stderr)
+            sys.exit(130)
+        return returns
+
+    def _outcome(self, job, overrides: list[str], label: str, config: dict | None,
+                 submitted_at: str) -> JobReturn:
+        from submitit.core.utils import UncompletedJobError
+
+        slurm_job = job.job_id if self._EXECUTOR == "slurm" else None
+        try:
+            ret = job.results()[0]
+        except UncompletedJobError as err:  # also FailedJobError: no result from the run
+            return self._without_result(job, err, overrides, label, config, submitted_at)
+        if ret.status == JobStatus.FAILED:  # the run raised out of prunelab's entry (runtime.debug)
+            error = ret._return_value
+            value: Any = {"status": "failed", "message": f"{type(error).__name__}: {error}"}
+        else:
+            value = ret.return_value
+        completed = outcomes.note_returned(value, label, slurm_job)
+        if not completed and config is not None and self._written_by(job, config, submitted_at) is None:
+            self._record(job, config, *outcomes.status_and_message(value))  # stopped before its pipeline
+        ret.status, ret.return_value = JobStatus.COMPLETED, value  # the sweeper re-raises FAILED
+        return ret
+
+    def _without_result(self, job, err: Exception, overrides: list[str], label: str,
+                        config: dict | None, submitted_at: str) -> JobReturn:
+        """A job that never reported back: say how it ended, and give its run a record."""
+        from submitit.core.utils import FailedJobError
+
+        state = (str(job.state) or "UNKNOWN").split()[0]
+        written = self._written_by(job, config, submitted_at)
+        if written and written.get("status") == "completed":  # killed after its record was written
+            log.warning("#%s ended %s after its run completed: %s", label, state, job.paths.stderr)
+            return _returned(overrides, written)
+        if isinstance(err, FailedJobError):  # its process raised outside the run
+            message = f"the job failed outside the run: {last_error_line(str(err))} (log: {job.paths.stderr})"
+        elif not job.paths.stderr.exists():
+            message = f"the job ended {state} before it started"
+        else:
+            message = f"the job ended {state} without a result (log: {job.paths.stderr})"
+        status = "interrupted" if state in ENDED_BY_SLURM or "not requeued" in message else "failed"
+        if config is not None and written is None:
+            self._record(job, config, status, message)
+        slurm_job = job.job_id if self._EXECUTOR == "slurm" else None
+        outcomes.note(status, label, message, slurm_job)
+        return _returned(overrides, {"status": status, "message": message, "slurm_job": slurm_job})
+
+    @staticmethod
+    def _written_by(job, config: dict | None, submitted_at: str) -> dict | None:
+        """The run's record if this job wrote it: it names this SLURM job, or (local jobs, one
+        clock) it started after the submission."""
+        from prunelab.tracking import read_record
+        from prunelab.tracking.unstarted import unstarted_record_path
+
+        if config is None:
+            return None
+        existing = read_record(unstarted_record_path(config)) or {}
+        slurm = (existing.get("environment") or {}).get("slurm") or {}
+        if slurm.get("job"):
+            return existing if slurm["job"] == job.job_id else None
+        return existing if str(existing.get("started_at", "")) >= submitted_at else None
+
+    def _record(self, job, config: dict, status: str, message: str) -> None:
+        """The run's record, written here: its job never wrote one (see tracking/unstarted.py)."""
+        from prunelab.tracking.unstarted import write_unstarted
+
+        try:
+            path = write_unstarted(config, status, "job", "JobEndedWithoutResult", message,
+                                   slurm_job_named(job) if self._EXECUTOR == "slurm" else None)
+            log.info("record: %s (%s)", path, status)
+        except Exception as problem:  # an unwritable folder: the line below still names the run
+            log.warning("no record for this run: %s", problem)
