@@ -97,7 +97,8 @@ def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: fl
         allocation: a `pruning/allocation=` option (uniform, owl, pals, gradient, random, alpha).
         scorer, num_layers: for method="depth", a `pruning/scorer=` option and how many layers go.
         recovery: a `recovery=` option after depth pruning (linear_patch_r, replaceme, ghosted).
-        nsamples, seqlen: calibration size for texts and data options (the option's default).
+        nsamples, seqlen: calibration size: for a data option its YAML's default when None, for
+            texts the references' 128 x 2048 (texts too short for one window are an error).
         overrides: further Hydra overrides (`pruning.allocation.lam=0.1`).
         **options: the method's own settings (`sparsity_type="2:4"`, `ties="exact"`, ...).
 
