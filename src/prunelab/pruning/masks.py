@@ -44,6 +44,11 @@ def check_sparsity(sparsity: float, sparsity_type: str) -> None:
                           f"but sparsity={sparsity}; set pruning.sparsity={nm[0] / nm[1]:g}")
 
 
+#: Rows of a row-group mask computed at once: its sort buffers (about 21 bytes a weight) are then
+#: those of ROW_CHUNK_ENTRIES weights, not of the whole matrix (a streamed 70B layer's MLP).
+ROW_CHUNK_ENTRIES = 1 << 22
+
+
 def _lowest_k(scores: torch.Tensor, k: int, ties: str) -> torch.Tensor:
     """Mask of the k lowest entries of a 1-D or row-wise 2-D score tensor along its last dim."""
     mask = torch.zeros_like(scores, dtype=torch.bool)
@@ -52,8 +57,22 @@ def _lowest_k(scores: torch.Tensor, k: int, ties: str) -> torch.Tensor:
     if ties == "exact":
         order = torch.sort(scores, dim=-1, stable=True).indices[..., :k]
         return mask.scatter_(-1, order, True)
-    threshold = torch.sort(scores, dim=-1).values[..., k : k + 1]  # the reference's quirk
+    if k >= scores.shape[-1]:  # the reference indexes past the end: an error there, nothing pruned here
+        return mask
+    # the k-th smallest (0-based), as the reference's sort(...)[k], without the full sort's buffers
+    threshold = torch.kthvalue(scores, k + 1, dim=-1, keepdim=True).values  # the reference's quirk
     return scores <= threshold
+
+
+def _lowest_k_rows(scores: torch.Tensor, k: int, ties: str) -> torch.Tensor:
+    """`_lowest_k` of each row of [out, in] scores, a chunk of rows at a time (rows are independent)."""
+    rows = max(1, ROW_CHUNK_ENTRIES // max(scores.shape[1], 1))
+    if rows >= scores.shape[0]:
+        return _lowest_k(scores, k, ties)
+    mask = torch.empty_like(scores, dtype=torch.bool)
+    for start in range(0, scores.shape[0], rows):
+        mask[start : start + rows] = _lowest_k(scores[start : start + rows], k, ties)
+    return mask
 
 
 def unstructured_mask(scores: torch.Tensor, sparsity: float, group: str = "matrix",
@@ -70,7 +89,7 @@ def unstructured_mask(scores: torch.Tensor, sparsity: float, group: str = "matri
     if sparsity <= 0:
         return torch.zeros_like(scores, dtype=torch.bool)
     if group == "row":
-        return _lowest_k(scores, int(scores.shape[1] * sparsity), ties)
+        return _lowest_k_rows(scores, int(scores.shape[1] * sparsity), ties)
     if group == "matrix":
         flat = scores.reshape(-1)
         return _lowest_k(flat, int(flat.numel() * sparsity), ties).view_as(scores)
