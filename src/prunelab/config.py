@@ -165,6 +165,9 @@ def check_runtime(cfg: DictConfig) -> None:
         raise ConfigError(f"seed={cfg.seed}: use a whole number >= 0")
     if cfg.runtime.calibration_batch_size < 1:
         raise ConfigError("runtime.calibration_batch_size must be >= 1")
+    budget = cfg.runtime.get("memory_budget_gb")
+    if budget is not None and not (isinstance(budget, (int, float)) and budget > 0):
+        raise ConfigError(f"runtime.memory_budget_gb={budget}: use null (detected) or a size in GB > 0")
 
 
 def relabel_overridden_model(cfg: DictConfig, overrides: list[str]) -> None:
@@ -220,4 +223,5 @@ def build_setup(cfg: DictConfig, output_dir: Path | None = None):
         progress=bool(runtime.progress),
         calibration_batch_size=int(runtime.calibration_batch_size),
         skip_completed=bool(runtime.skip_completed),
+        memory_budget_gb=runtime.get("memory_budget_gb"),
     )

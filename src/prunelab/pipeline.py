@@ -36,8 +36,10 @@ from prunelab.errors import ConfigError
 from prunelab.files import check_writable
 from prunelab.interrupts import catch_termination
 from prunelab.models import LoadedModel, ModelSpec, identity_key, load_model, model_identity
+from prunelab.models.loading import MemoryRequest
+from prunelab.models.memory import GIB, default_state_bytes
 from prunelab.models.boundary_operators import save_recovered
-from prunelab.pruning.base import PruningMethod, first_stage
+from prunelab.pruning.base import PruningMethod, WeightPruning, first_stage
 from prunelab.pruning.report import layer_sparsity, parameter_counts, sparsity_report
 from prunelab.recovery.base import Recovery, RecoveryContext
 from prunelab.recovery.plain_loading import save_for_plain_loading
@@ -47,7 +49,7 @@ from prunelab.tracking import (
 from prunelab.tracking.trackers import scalar_metrics
 from prunelab.tracking.keep import write_keeping_completed
 from prunelab.tracking.saved_model import save_model_folder, saved_model_present
-from prunelab.tracking.environment import environment, peak_memory
+from prunelab.tracking.environment import environment, peak_memory, peak_rss, reset_peak_rss
 from prunelab.tracking.record import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class RunSetup:
     progress: bool = True
     calibration_batch_size: int = 1
     skip_completed: bool = True
+    memory_budget_gb: float | None = None  # runtime.memory_budget_gb; None: detected
 
     @property
     def signature(self) -> str:
@@ -84,10 +87,12 @@ class RunSetup:
 
 
 class StageClock:
-    """Times named stages and remembers which one is running (for failure records)."""
+    """Times named stages, measures each one's peak resident memory, and remembers which one is
+    running (for failure records)."""
 
     def __init__(self, on_done: Callable[[str, float], None] | None = None) -> None:
         self.timings: dict[str, float] = {}
+        self.peak_rss: dict[str, int] = {}  # bytes, per stage (Linux; else the process's peak)
         self.current: str | None = None
         self.on_done = on_done  # (stage, seconds) when a stage ends: the tracker streams it
 
@@ -95,9 +100,11 @@ class StageClock:
     def __call__(self, name: str) -> Iterator[None]:
         self.current = name
         log.info("stage %s ...", name)
+        reset_peak_rss()
         start = time.perf_counter()
         yield
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+        self.peak_rss[name] = max(self.peak_rss.get(name, 0), peak_rss())
         log.info("stage %s done in %.1f s", name, self.timings[name])
         self.current = None
         if self.on_done is not None:
@@ -122,6 +129,31 @@ def check_calibration_context(calib: CalibrationSpec, config) -> None:
     if limit and calib.seqlen > limit:
         raise ConfigError(f"data.calibration.seqlen={calib.seqlen} exceeds the model's context "
                           f"(max_position_embeddings={limit}); use data.calibration.seqlen<={limit}")
+
+
+def memory_request(setup: RunSetup) -> MemoryRequest:
+    """What the run holds besides the weights (calibration activations, the method's state per
+    linear) and its budget: `load_model` streams under `model.streaming=auto` when the resident
+    run would not fit, and refuses a run that cannot fit even streamed."""
+    calib = setup.data.calibration
+    state = getattr(setup.pruning, "layer_state_bytes", default_state_bytes)
+    budget = int(setup.memory_budget_gb * GIB) if setup.memory_budget_gb else None
+    work_dir = (Path(setup.output_dir) / "streamed_layers") if setup.output_dir else None
+    return MemoryRequest(calib.nsamples * calib.seqlen, state, budget, work_dir)
+
+
+def check_streamable(setup: RunSetup) -> None:
+    """What a streamed model cannot run yet: one line, before any work."""
+    problems = []
+    if not isinstance(setup.pruning, WeightPruning):
+        problems.append(f"pruning={setup.pruning.name} (depth pruning)")
+    if setup.recovery.name != "none":
+        problems.append(f"recovery={setup.recovery.name}")
+    if setup.evaluation.perplexity is not None and "word" in setup.evaluation.perplexity.protocols:
+        problems.append("word perplexity (evaluation.perplexity.protocols)")
+    if problems:
+        raise ConfigError(f"a streamed model (model.streaming) cannot yet run {', '.join(problems)}: "
+                          "use model.streaming=false, or weight pruning with token perplexity")
 
 
 def evaluate_all(evaluators: list, loaded: LoadedModel) -> dict[str, Metric]:
@@ -233,11 +265,17 @@ def _run(setup: RunSetup) -> dict[str, Any]:
     tracker.start(run_names(record["labels"], setup.seed, setup.signature, setup.study),
                   {**setup.config, "signature": setup.signature})
     start = time.perf_counter()
+    loaded: LoadedModel | None = None
     try:
         seed_everything(setup.seed)
         with clock("load"):
-            loaded = load_model(setup.model, setup.cache_dir)
+            loaded = load_model(setup.model, setup.cache_dir, memory_request(setup))
+        record["memory"] = {"mode": loaded.mode, **(loaded.memory or {})}
         check_calibration_context(setup.data.calibration, loaded.config)
+        if loaded.mode == "streamed":
+            check_streamable(setup)
+            loaded.adapter.store.activation_budget_bytes = max(
+                loaded.memory["estimate_bytes"]["activations"] if loaded.memory else 0, 1 << 28)
         record["model"] = {"identity": model_identity(loaded), "key": identity_key(loaded)}
         record["parameters"] = {"dense": parameter_counts(loaded.adapter)}
         evaluators = build_evaluators(setup.evaluation, setup.data, cache, setup.progress)
@@ -268,6 +306,8 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         if setup.save_model:
             with clock("save"):
                 save = partial(save_for_plain_loading, save=save_recovered)  # recovery/plain_loading.py
+                if loaded.mode == "streamed":  # shard by shard, one layer in memory
+                    save = lambda model, folder: loaded.adapter.store.save_checkpoint(folder)  # noqa: E731
                 record["saved_model"] = str(save_model_folder(
                     loaded.model, loaded.tokenizer, path.parent / "model", save))
             tracker.log_artifact(Path(record["saved_model"]), f"model-{setup.signature}-seed{setup.seed}",
@@ -280,8 +320,16 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         raise
     finally:
         clock.timings["total"] = time.perf_counter() - start
-        record.update(timings=clock.timings, peak_memory=peak_memory(),
+        peaks = peak_memory()
+        peaks["cpu_rss_bytes"] = max([peaks["cpu_rss_bytes"] or 0, *clock.peak_rss.values()])
+        record.update(timings=clock.timings, peak_memory=peaks,
                       finished_at=datetime.now(timezone.utc).isoformat())
+        if "memory" in record:
+            record["memory"]["stage_peak_rss_bytes"] = dict(clock.peak_rss)
+        store = loaded.adapter.store if loaded is not None else None
+        if store is not None:
+            record["memory"].update(layer_reads=store.reads, layer_writes=store.writes)
+            store.close()
         written = write_keeping_completed(path, record)
         if setup.output_dir is not None and Path(setup.output_dir).resolve() != path.parent.resolve():
             Path(setup.output_dir).mkdir(parents=True, exist_ok=True)

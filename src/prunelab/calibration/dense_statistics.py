@@ -9,7 +9,7 @@ calibration data (`calibration.cache`) so a sweep over ratios and policies measu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -20,6 +20,7 @@ from prunelab.calibration.gradients import squared_weight_gradients
 from prunelab.calibration.passes import dense_role_statistics
 from prunelab.calibration.statistics import AbsHistogram, SquaredColumnNorm
 from prunelab.context import PruneContext
+from prunelab.errors import ConfigError
 from prunelab.models.adapter import ROLES
 
 
@@ -41,20 +42,23 @@ class DenseStatistics:
     def calibration_sequences(self) -> int:
         return self.ctx.calibration().shape[0]
 
-    def linear_weights(self) -> list[list[torch.Tensor]]:
-        """Per layer, the weights ([out, in]) of its linears in forward order."""
+    def linear_weights(self) -> Iterator[list[torch.Tensor]]:
+        """Per layer, in order, the weights ([out, in]) of its linears in forward order; each
+        layer in memory while it is used (a streamed model's is read then, and released after)."""
         adapter = self.adapter
-        return [[lin.weight for lin in adapter.linears(layer).values()] for layer in adapter.layers]
+        for _, layer in adapter.layers_in_memory():
+            yield [lin.weight for lin in adapter.linears(layer).values()]
 
-    def role_weights(self) -> list[dict[str, list[torch.Tensor]]]:
-        """Per layer, role -> the weights of the linears reading that role's input."""
+    def role_weights(self) -> Iterator[dict[str, list[torch.Tensor]]]:
+        """Per layer, in order, role -> the weights of the linears reading that role's input."""
         adapter = self.adapter
-        return [{role: [lin.weight for lin in adapter.linears(layer, (role,)).values()]
-                 for role in ROLES} for layer in adapter.layers]
+        for _, layer in adapter.layers_in_memory():
+            yield {role: [lin.weight for lin in adapter.linears(layer, (role,)).values()] for role in ROLES}
 
     def layer_params(self) -> list[int]:
-        """Prunable weights of each decoder layer (its linears)."""
-        return [sum(w.numel() for w in weights) for weights in self.linear_weights()]
+        """Prunable weights of each decoder layer (its linears), from their shapes alone."""
+        adapter = self.adapter
+        return [sum(lin.weight.numel() for lin in adapter.linears(layer).values()) for layer in adapter.layers]
 
     def cached(self, statistic: str, params: dict[str, Any], compute: Callable[[], Any],
                uses_calibration: bool = True) -> Any:
@@ -83,7 +87,11 @@ class DenseStatistics:
         """[layers] sum over calibration sequences of the squared LM-loss gradients of each layer's
         linear weights (one sequence per backward pass)."""
         def compute():
-            return squared_weight_gradients(self.adapter.model, self.linear_weights(),
+            if self.adapter.streamed:  # a cached result from a resident run is still used
+                raise ConfigError("allocation=gradient backpropagates through the whole model at once, "
+                                  "which a streamed model cannot do: use model.streaming=false or "
+                                  "another allocation")
+            return squared_weight_gradients(self.adapter.model, list(self.linear_weights()),
                                             self.ctx.calibration(), self.ctx.progress)
         params = {"loss": "next_token_ce", "per": "sequence"}
         return self.cached("linear_weight_gradient_sq", params, compute)

@@ -6,7 +6,8 @@ position embeddings, cache flags); then visit the layers one by one. At each lay
 the samples through it with hooks (statistics), change it (prune), and the runner then computes the
 layer's outputs, which become the next layer's inputs. Only the visited layer needs to be on the
 compute device; activations live in two buffers (inputs and outputs of the current layer), never the
-whole model's.
+whole model's. On a streamed model (`models.streaming`) only the visited layer is in memory at all:
+it is read from the checkpoint when visited and written back, if changed, when left.
 
 `propagate="pruned"` feeds the outputs of the modified layer forward (the references' default);
 `propagate="dense"` feeds the outputs the layer had before the caller changed it.
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from prunelab.models.adapter import ModelAdapter
+from prunelab.models.adapter import ModelAdapter, input_device
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +87,12 @@ def capture_layer_inputs(
         kwargs.append({k: v for k, v in layer_kwargs.items() if k != "hidden_states"})
         raise _InputsCaptured
 
-    input_device = adapter.model.get_input_embeddings().weight.device
+    ids_device = input_device(adapter.model)
     handle = layer0.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         for batch in batched(samples, batch_size):
             try:
-                adapter.model(input_ids=batch.to(input_device), use_cache=False)
+                adapter.model(input_ids=batch.to(ids_device), use_cache=False)
             except _InputsCaptured:
                 pass
     finally:
@@ -178,23 +179,27 @@ class LayerSequentialRunner:
 
     def __iter__(self) -> Iterator[LayerStep]:
         last = self.layer_indices[-1] if self.layer_indices else -1
+        streamed = self.adapter.streamed
         for index in tqdm(range(last + 1), desc=self.desc, disable=not self.progress, leave=False):
-            layer = self.adapter.layers[index]
-            home = next(layer.parameters()).device
-            device = self.device or home
-            layer.to(device)
-            step = LayerStep(index, layer, self.inputs, device, keep=self.propagate == "dense")
-            if index in self.layer_indices:
-                yield step
-            if self.propagate == "dense" and step.dense_outputs is not None:
-                outputs = step.dense_outputs
-            else:
-                outputs = step.forward(keep_outputs=True)
-            self.inputs = LayerInputs(outputs, self.inputs.kwargs)
-            step.inputs = self.inputs
-            layer.to(home)
-            for listener in _LAYER_LISTENERS.get():
-                listener(self.desc, index, last + 1)
+            with self.adapter.layer_in_memory(index, self.device) as layer:  # streamed: read now
+                home = next(layer.parameters()).device
+                device = self.device or home
+                if not streamed:
+                    layer.to(device)
+                step = LayerStep(index, layer, self.inputs, device, keep=self.propagate == "dense")
+                if index in self.layer_indices:
+                    yield step
+                if self.propagate == "dense" and step.dense_outputs is not None:
+                    outputs = step.dense_outputs
+                else:
+                    outputs = step.forward(keep_outputs=True)
+                self.inputs = LayerInputs(outputs, self.inputs.kwargs)
+                step.inputs = self.inputs
+                if not streamed:
+                    layer.to(home)
+                for listener in _LAYER_LISTENERS.get():
+                    listener(self.desc, index, last + 1)
+            # streamed: the layer is back on disk here (in its own shard if the step changed it)
 
     @property
     def outputs(self) -> LayerInputs:

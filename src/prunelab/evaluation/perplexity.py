@@ -16,16 +16,20 @@ import json
 import logging
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from prunelab.calibration.runner import LayerSequentialRunner, batched, capture_layer_inputs
 from prunelab.data import sources
 from prunelab.data.tokens import TokenCache, eval_token_stream, tensor_sha256, tokenizer_fingerprint
 from prunelab.errors import ConfigError, DataUnavailableError
 from prunelab.evaluation.metrics import Metric
+from prunelab.models.adapter import ModelAdapter, input_device
+from prunelab.models.streaming import store_of
 
 log = logging.getLogger(__name__)
 
@@ -105,16 +109,40 @@ def window_nlls(model, ids: torch.Tensor, seqlen: int, batch_size: int = 1,
                 window_order: str = "first") -> list[float]:
     """Mean NLL of each non-overlapping window of `ids` ([1, L]); the remainder is dropped."""
     windows = selected_windows(ids, seqlen, max_windows, window_order)  # [n, T]
-    n = windows.shape[0]
-    device = model.get_input_embeddings().weight.device
     nlls: list[float] = []
-    for start in tqdm(range(0, n, batch_size), desc="ppl windows", disable=not progress, leave=False):
-        batch = windows[start : start + batch_size].to(device)  # [B, T]
-        logits = model(input_ids=batch, use_cache=False).logits  # [B, T, V]
+    for batch, logits in batch_logits(model, windows, batch_size, progress):  # [B, T], [B, T, V]
         for row in range(batch.shape[0]):
             nlls.append(summed_nll(logits[row, :-1], batch[row, 1:]) / (seqlen - 1))
         del logits
     return nlls
+
+
+def batch_logits(model, windows: torch.Tensor, batch_size: int, progress: bool = True
+                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(batch [B, T], its logits [B, T, V]) for consecutive batches of `windows` ([n, T]).
+
+    A model in memory runs its forward pass per batch. A streamed model (`models.streaming`)
+    runs every batch through one decoder layer at a time, layers read from disk in turn, then the
+    final norm and head per batch: the same operations on the same batches, so the same numbers.
+    """
+    device = input_device(model)
+    if store_of(model) is None:
+        for start in tqdm(range(0, windows.shape[0], batch_size), desc="ppl windows", disable=not progress,
+                          leave=False):
+            batch = windows[start : start + batch_size].to(device)  # [B, T]
+            yield batch, model(input_ids=batch, use_cache=False).logits
+        return
+    adapter = ModelAdapter(model)
+    per_window = 2 * windows.shape[1] * adapter.hidden_size * 4  # input and output buffers, fp32
+    group = max(1, store_of(model).activation_budget_bytes // per_window // batch_size) * batch_size
+    for first in range(0, windows.shape[0], group):  # each group: one pass over the layers
+        part = windows[first : first + group]
+        inputs = capture_layer_inputs(adapter, part, batch_size)
+        runner = LayerSequentialRunner(adapter, inputs, progress=progress, desc="ppl layers")
+        for _ in runner:
+            pass
+        for batch, hidden in zip(batched(part, batch_size), runner.outputs.hidden):  # hidden: [B, T, C]
+            yield batch.to(device), adapter.logits_from_hidden(hidden)
 
 
 def selected_windows(ids: torch.Tensor, seqlen: int, max_windows: int | None = None,
@@ -143,7 +171,11 @@ def rolling_document_nll(model, tokenizer, text: str, max_length: int) -> float:
 
     tokens = tokenizer(text, add_special_tokens=False, verbose=False).input_ids
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    device = model.get_input_embeddings().weight.device
+    if store_of(model) is not None:
+        raise ConfigError("the word perplexity protocol runs one document window at a time through the "
+                          "whole model: not available on a streamed model (evaluation.perplexity."
+                          "protocols=[token], or model.streaming=false)")
+    device = input_device(model)
     total = 0.0
     windows = get_rolling_token_windows(token_list=tokens, prefix_token=prefix, max_seq_len=max_length,
                                         context_len=1)

@@ -23,6 +23,7 @@ from typing import Any
 
 from prunelab.errors import ConfigError
 from prunelab.evaluation.metrics import Metric
+from prunelab.models.streaming import forward_model
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +178,12 @@ class ZeroShotEvaluator:
         from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
 
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.spec.batch_size)
         tasks: list[Any] = [local_task_config(t, self.spec.items, self.task_folder) if is_local_task(t)
                             else t for t in self.spec.tasks]
         only_local = all(map(is_local_task, self.spec.tasks))
         manager = TaskManager(include_defaults=not only_local) if only_local else TaskManager()
-        with _lm_eval_progress(self.progress):
+        with forward_model(model) as runnable, _lm_eval_progress(self.progress):  # streamed: offloaded
+            lm = HFLM(pretrained=runnable, tokenizer=tokenizer, batch_size=self.spec.batch_size)
             out = simple_evaluate(model=lm, tasks=tasks, num_fewshot=self.spec.num_fewshot,
                                   limit=self.spec.limit, task_manager=manager, log_samples=True,
                                   verbosity="WARNING")

@@ -15,8 +15,21 @@ import torch
 from torch import nn
 
 from prunelab.models.architectures import Architecture, architecture_for
+from prunelab.models.streaming import LayerStore, store_of
 
 ROLES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where token ids must go: the input embedding's device, or, when accelerate has offloaded
+    the embedding (its weight on `meta`), the device its hook executes on."""
+    embeddings = model.get_input_embeddings()
+    hook = getattr(embeddings, "_hf_hook", None)
+    executes = getattr(hook, "execution_device", None)
+    if executes is not None:
+        return torch.device(f"cuda:{executes}" if isinstance(executes, int) else executes)
+    device = embeddings.weight.device
+    return torch.device("cpu") if device.type == "meta" else device
 
 
 class ModelAdapter:
@@ -25,6 +38,15 @@ class ModelAdapter:
     def __init__(self, model: nn.Module, architecture: Architecture | None = None):
         self.model = model
         self.arch = architecture or architecture_for(model.config.model_type)
+
+    @property
+    def store(self) -> LayerStore | None:
+        """The LayerStore of a streamed model (decoder layers on disk), None when in memory."""
+        return store_of(self.model)
+
+    @property
+    def streamed(self) -> bool:
+        return self.store is not None
 
     @property
     def config(self):
@@ -81,8 +103,34 @@ class ModelAdapter:
     def lm_head(self) -> nn.Module:
         return self.model.get_output_embeddings()
 
+    @contextmanager
+    def layer_in_memory(self, index: int, device: torch.device | None = None) -> Iterator[nn.Module]:
+        """Decoder layer `index` with its weights in memory for the duration. A resident model's
+        layer as it is; a streamed model's read from its shards (and written back if changed),
+        on `device` when given."""
+        layer = self.layers[index]
+        store = self.store
+        if store is None:
+            yield layer
+            return
+        with store.resident(layer, device):
+            yield layer
+
+    def layers_in_memory(self) -> Iterator[tuple[int, nn.Module]]:
+        """(index, layer) for every decoder layer, each in memory while the loop body runs."""
+        for index in range(self.num_layers):
+            with self.layer_in_memory(index) as layer:
+                yield index, layer
+
+    def outside_layer_parameters(self) -> list[nn.Parameter]:
+        """Parameters outside the decoder layers (embeddings, final norm, head; tied ones once):
+        always in memory, streamed or not."""
+        layer_params = {id(p) for p in self.layers.parameters()}
+        return [p for p in self.model.parameters() if id(p) not in layer_params]
+
     def prunable_linears(self) -> dict[str, nn.Linear]:
-        """Every linear inside the decoder layers (embeddings and lm_head are never pruned)."""
+        """Every linear inside the decoder layers (embeddings and lm_head are never pruned).
+        On a streamed model their weights are on the meta device: use `layers_in_memory`."""
         out: dict[str, nn.Linear] = {}
         for index, layer in enumerate(self.layers):
             for name, module in self.linears(layer).items():

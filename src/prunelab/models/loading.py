@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +21,28 @@ from prunelab.errors import ModelCheckError
 from prunelab.models.adapter import ModelAdapter
 from prunelab.models.architectures import architecture_for
 from prunelab.models.boundary_operators import apply_saved_boundary_operators
-from prunelab.models.checks import check_finite, check_loaded_weights, check_memory, guarded
+from prunelab.models.checks import (
+    SKIP_MEMORY_CHECK, check_finite, check_loaded_weights, check_memory, guarded,
+)
+from prunelab.models.memory import choose_mode, default_state_bytes, detected_budget, estimate
 from prunelab.models.identity import identity_digest, weight_file_hashes
 from prunelab.models.spec import ModelSpec
+from prunelab.models.streaming import streamed_skeleton
 
 log = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class MemoryRequest:
+    """What a run will hold besides the weights, so `load_model` can choose resident or streamed
+    (`model.streaming=auto`) and refuse a run that cannot fit, before any weight is read."""
+
+    activation_tokens: int  # calibration sequences x length (or the evaluation's, if larger)
+    state_bytes: Callable[[int, int], int] = default_state_bytes  # the method's, per [out, in] linear
+    budget_bytes: int | None = None  # runtime.memory_budget_gb; None: detected (models.memory)
+    work_dir: Path | None = None  # where a streamed run writes its changed layers
 
 
 @dataclass
@@ -36,6 +53,8 @@ class LoadedModel:
     spec: ModelSpec
     device: torch.device
     source: str  # what from_pretrained was given
+    mode: str = "resident"  # or "streamed": decoder layers read from the checkpoint one at a time
+    memory: dict[str, Any] | None = None  # the estimate and budget the mode was chosen under
 
     @property
     def config(self):
@@ -55,8 +74,34 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("PRUNELAB_CACHE") or Path.home() / ".cache" / "prunelab").expanduser()
 
 
-def load_model(spec: ModelSpec, cache_dir: str | Path | None = None) -> LoadedModel:
-    """Model, tokenizer and adapter; a GGUF checkpoint is first converted once into `cache_dir`."""
+def _checkpoint_dtype(config, dtype: str) -> torch.dtype:
+    if dtype != "auto":
+        return _TORCH_DTYPES[dtype]
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    return getattr(torch, value) if isinstance(value, str) else value
+
+
+def choose_memory_mode(spec: ModelSpec, config, memory: MemoryRequest | None) -> tuple[str, dict | None]:
+    """("resident" | "streamed", the estimate and budget for the record) for this model and run."""
+    if memory is None:
+        return ("streamed" if spec.streaming is True else "resident"), None
+    need = estimate(config, _checkpoint_dtype(config, spec.dtype), memory.activation_tokens,
+                    memory.state_bytes)
+    budget, origin = ((memory.budget_bytes, "runtime.memory_budget_gb") if memory.budget_bytes
+                      else detected_budget())
+    if os.environ.get(SKIP_MEMORY_CHECK):
+        budget = None if spec.streaming != "auto" else budget
+    mode = choose_mode(spec.streaming, need, budget, origin)
+    return mode, {"estimate_bytes": need.as_dict(), "budget_bytes": budget, "budget_from": origin}
+
+
+def load_model(spec: ModelSpec, cache_dir: str | Path | None = None,
+               memory: MemoryRequest | None = None) -> LoadedModel:
+    """Model, tokenizer and adapter; a GGUF checkpoint is first converted once into `cache_dir`.
+
+    With `spec.streaming` true (or auto, when the run's estimate exceeds its budget: `memory`), the
+    model is streamed (`models.streaming`): a skeleton whose decoder layers are read from the
+    checkpoint one at a time by every layer-sequential pass."""
     if spec.gguf_file:
         from prunelab.models import gguf
 
@@ -68,7 +113,12 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None) -> LoadedMo
     config = guarded("the model config", source, lambda: AutoConfig.from_pretrained(source, **hub_kwargs))
     architecture = architecture_for(config.model_type)  # unsupported: clear error, nothing loaded
     device = resolve_device(spec.device)
-    check_memory(config, _TORCH_DTYPES.get(spec.dtype, spec.dtype), device, spec.device_map)
+    mode, memory_record = choose_memory_mode(spec, config, memory)
+    if mode == "streamed":
+        return _load_streamed(spec, source, config, architecture, device, memory, memory_record,
+                              hub_kwargs, cache_dir)
+    if memory_record is None:  # no run estimate: the weights against the free memory
+        check_memory(config, _TORCH_DTYPES.get(spec.dtype, spec.dtype), device, spec.device_map)
     dtype = "auto" if spec.dtype == "auto" else _TORCH_DTYPES[spec.dtype]
     if device.type == "cpu" and spec.dtype in ("float16", "bfloat16"):
         log.warning("%s on CPU is very slow on these processors; float32 is recommended", spec.dtype)
@@ -84,7 +134,33 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None) -> LoadedMo
     apply_saved_boundary_operators(model, source)  # Ghosted / LinearPatch operators saved with it
     tokenizer = guarded("the tokenizer", spec.tokenizer or source,
                         lambda: AutoTokenizer.from_pretrained(spec.tokenizer or source, **hub_kwargs))
-    return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, source)
+    return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, source,
+                       memory=memory_record)
+
+
+def _load_streamed(spec: ModelSpec, source: str, config, architecture, device: torch.device,
+                   memory: MemoryRequest | None, memory_record: dict | None, hub_kwargs: dict,
+                   cache_dir) -> LoadedModel:
+    if spec.device_map is not None:
+        raise ModelCheckError("model.streaming reads one layer at a time onto model.device: "
+                              "set model.device_map=null")
+    if not Path(source).is_dir():  # a hub id: the shards are fetched once, then read from disk
+        from huggingface_hub import snapshot_download
+
+        source = guarded("the model files", source, lambda: snapshot_download(
+            source, revision=hub_kwargs.get("revision"), allow_patterns=["*.json", "*.safetensors",
+                                                                          "*.model", "*.txt"]))
+    work_dir = Path(memory.work_dir) if memory and memory.work_dir else Path(tempfile.mkdtemp(
+        prefix="prunelab-streamed-", dir=cache_dir if cache_dir and Path(cache_dir).is_dir() else None))
+    log.info("streaming %s (%s, %s): decoder layers read one at a time; changed layers in %s",
+             source, spec.dtype, device, work_dir)
+    model = guarded("the model weights", source, lambda: streamed_skeleton(
+        source, config, _checkpoint_dtype(config, spec.dtype), device, architecture, work_dir))
+    apply_saved_boundary_operators(model, source)
+    tokenizer = guarded("the tokenizer", spec.tokenizer or source,
+                        lambda: AutoTokenizer.from_pretrained(spec.tokenizer or source, **hub_kwargs))
+    return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, str(source),
+                       mode="streamed", memory=memory_record)
 
 
 def wrap_model(model: torch.nn.Module, tokenizer, label: str | None = None) -> LoadedModel:

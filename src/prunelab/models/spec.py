@@ -35,6 +35,11 @@ class ModelSpec:
             ``pkg:<package>``, a local folder or a hub repository; or a path to the file). It is
             dequantized and converted once into a Hugging Face folder in the cache
             (`prunelab.models.gguf`), then loaded from there like any other model.
+        streaming: false (the whole model in memory) | true | auto. Streamed, the decoder layers
+            stay in the safetensors shards and every layer-sequential pass reads one at a time
+            (`prunelab.models.streaming`): a model larger than memory prunes and evaluates with
+            the same results, bit for bit. `auto` streams when the run's estimated peak exceeds
+            `runtime.memory_budget_gb` (or the detected limit). Not part of the run's signature.
     """
 
     name_or_path: str
@@ -46,8 +51,11 @@ class ModelSpec:
     trust_remote_code: bool = False
     tokenizer: str | None = None
     gguf_file: str | None = None
+    streaming: bool | str = False
 
     def __post_init__(self) -> None:
+        if self.streaming not in (True, False, "auto"):
+            raise ConfigError(f"model.streaming={self.streaming!r}: use true, false or auto")
         if not self.name_or_path:
             raise ConfigError("model.name_or_path is empty")
         if self.dtype not in DTYPES:

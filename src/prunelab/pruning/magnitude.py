@@ -50,7 +50,7 @@ class Magnitude:
     def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:
         adapter = ctx.loaded.adapter
         budget = SparsityBudget(self.rounding)
-        for index, layer in enumerate(adapter.layers):
+        for index, layer in adapter.layers_in_memory():  # streamed: one layer read at a time
             for linear in adapter.linears(layer).values():
                 scores = magnitude_scores(linear.weight)  # [out, in]
                 ratio = budget.ratio(layer_targets[index], scores.shape, self.group)

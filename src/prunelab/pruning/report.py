@@ -12,8 +12,9 @@ from prunelab.models.adapter import ModelAdapter
 @torch.no_grad()
 def layer_sparsity(adapter: ModelAdapter, index: int) -> float:
     """Fraction of zeros over the linears of decoder layer `index`."""
-    weights = [lin.weight for lin in adapter.linears(adapter.layers[index]).values()]
-    return sum(int((w == 0).sum()) for w in weights) / max(sum(w.numel() for w in weights), 1)
+    with adapter.layer_in_memory(index) as layer:
+        weights = [lin.weight for lin in adapter.linears(layer).values()]
+        return sum(int((w == 0).sum()) for w in weights) / max(sum(w.numel() for w in weights), 1)
 
 
 @torch.no_grad()
@@ -22,7 +23,7 @@ def sparsity_report(adapter: ModelAdapter, layer_targets: list[float] | None) ->
     per_linear: dict[str, float] = {}
     per_layer = []
     total_zeros = total = 0
-    for index, layer in enumerate(adapter.layers):
+    for index, layer in adapter.layers_in_memory():
         zeros = count = 0
         for name, linear in adapter.linears(layer).items():
             z = int((linear.weight == 0).sum())
@@ -40,9 +41,11 @@ def sparsity_report(adapter: ModelAdapter, layer_targets: list[float] | None) ->
 
 @torch.no_grad()
 def parameter_counts(adapter: ModelAdapter) -> dict[str, int]:
-    params = list(adapter.model.parameters())
-    return {
-        "total": sum(p.numel() for p in params),
-        "nonzero": sum(int((p != 0).sum()) for p in params),
-        "decoder_layers": adapter.num_layers,
-    }
+    """Parameters and nonzero parameters of the whole model (a streamed one a layer at a time)."""
+    outside = adapter.outside_layer_parameters()
+    total = sum(p.numel() for p in outside)
+    nonzero = sum(int((p != 0).sum()) for p in outside)
+    for _, layer in adapter.layers_in_memory():
+        total += sum(p.numel() for p in layer.parameters())
+        nonzero += sum(int((p != 0).sum()) for p in layer.parameters())
+    return {"total": total, "nonzero": nonzero, "decoder_layers": adapter.num_layers}

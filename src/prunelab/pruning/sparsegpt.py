@@ -76,6 +76,12 @@ class SparseGPT:
         """Roles whose Hessians are collected in one forward pass, in forward order."""
         return [(role,) for role in ROLES] if self.true_sequential else [tuple(ROLES)]
 
+    @staticmethod
+    def layer_state_bytes(out_features: int, in_features: int) -> int:
+        """Peak state of one linear's solve: the Hessian, its inverse and Cholesky factor (fp32
+        [in, in]), and the solver's fp32 copies of W, its mask and errors ([out, in])."""
+        return 4 * 3 * in_features * in_features + 4 * 4 * out_features * in_features
+
     @torch.no_grad()
     def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:
         adapter = ctx.loaded.adapter

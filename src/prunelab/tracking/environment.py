@@ -125,6 +125,27 @@ def environment() -> dict[str, Any]:
             "libraries": library_versions(), "hardware": hardware(), "slurm": slurm_job()}
 
 
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident memory (Linux: /proc/self/clear_refs), so the next
+    `peak_rss` is the peak since now; False where that cannot be done."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> int:
+    """Peak resident memory (bytes) since the last `reset_peak_rss`, or since the start."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def peak_memory() -> dict[str, int | None]:
     """Process peak resident memory (bytes) and, on CUDA, peak allocated device memory."""
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux

@@ -19,9 +19,17 @@ SCHEMA_VERSION = 1
 NON_SIGNATURE_KEYS = ("seed", "paths", "tracking", "runtime", "save_model", "hydra")
 
 
+#: Keys inside a group that do not change the results: a streamed run computes what a resident
+#: one does, bit for bit (models/streaming.py), so both share a signature and pair in tables.
+NON_SIGNATURE_FIELDS = (("model", "streaming"),)
+
+
 def config_signature(config: dict[str, Any]) -> str:
     """16-hex hash of the resolved config without seed, paths, tracking and runtime settings."""
     kept = {k: v for k, v in config.items() if k not in NON_SIGNATURE_KEYS}
+    for group, field in NON_SIGNATURE_FIELDS:
+        if isinstance(kept.get(group), dict) and field in kept[group]:
+            kept[group] = {k: v for k, v in kept[group].items() if k != field}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

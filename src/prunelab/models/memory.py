@@ -1,0 +1,168 @@
+"""How much memory a run needs, resident or streamed, against the budget it has.
+
+Estimated per layer, not per model: a layer-sequential pass over a streamed model holds the
+embeddings, final norm and head, one decoder layer, two activation buffers (the calibration set
+entering and leaving the current layer) and the method's per-layer state (SparseGPT's Hessian and
+its inverse; the mask's sort buffers). A resident run holds every layer instead of one. The shapes
+come from the config on the meta device: nothing is allocated to estimate.
+
+The budget is `runtime.memory_budget_gb` when set, else what this process may use: the smallest of
+its data limit (`ulimit -d`, `prlimit --data`), its cgroup's memory limit (a SLURM job's `--mem`)
+and the machine's available memory plus what the process holds already.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from prunelab.errors import ModelCheckError
+
+GIB = 1024**3
+#: Bytes per weight the unstructured mask's sort needs (scores, |W|, sorted values, indices, mask).
+MASK_BYTES_PER_WEIGHT = 21
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def current_rss(anonymous: bool = False) -> int:
+    """Resident memory of this process now (bytes); `anonymous`: only its private memory
+    (RssAnon), what a data limit or a cgroup charges, without the pages of shared libraries."""
+    key = "RssAnon:" if anonymous else "VmRSS:"
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _cgroup_limit() -> int | None:
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            return int(text)
+    return None
+
+
+def _available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def detected_budget() -> tuple[int | None, str]:
+    """(bytes this process may use in all, where that limit comes from), or (None, ...)."""
+    limits: list[tuple[int, str]] = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    if soft != resource.RLIM_INFINITY:
+        limits.append((soft, "the data limit (ulimit -d)"))
+    cgroup = _cgroup_limit()
+    if cgroup is not None:
+        limits.append((cgroup, "the cgroup memory limit"))
+    available = _available()
+    if available is not None:
+        limits.append((available + current_rss(), "the available memory"))
+    if not limits:
+        return None, "unknown"
+    return min(limits)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a run holds at its peak, by part (see the module docstring)."""
+
+    whole_model: int  # every weight
+    outside_layers: int  # embeddings, final norm, head (tied: once)
+    largest_layer: int  # one decoder layer
+    activations: int  # calibration (or evaluation) hidden states: two buffers
+    method_state: int  # the method's per-layer state at its largest linear
+    baseline: int  # the process's private memory before loading (Python, torch, data)
+
+    @property
+    def resident(self) -> int:
+        return self.whole_model + self.activations + self.method_state + self.baseline
+
+    @property
+    def streamed(self) -> int:
+        return (self.outside_layers + self.largest_layer + self.activations + self.method_state
+                + self.baseline)
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "resident": self.resident, "streamed": self.streamed}
+
+
+def layer_shapes(config, dtype: torch.dtype) -> tuple[int, int, int, list[tuple[int, int]]]:
+    """(whole model bytes, outside-layer bytes, largest layer bytes, [out, in] of every linear of
+    the largest layer), from the config on the meta device."""
+    from transformers import AutoModelForCausalLM
+
+    from prunelab.models.architectures import architecture_for
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    layers = model.get_submodule(architecture_for(config.model_type).layers)
+    size = torch.empty((), dtype=dtype).element_size()
+    whole = sum(p.numel() for p in model.parameters()) * size
+    per_layer = [sum(p.numel() for p in layer.parameters()) * size for layer in layers]
+    largest = max(range(len(per_layer)), key=per_layer.__getitem__) if per_layer else None
+    linears = [tuple(m.weight.shape) for m in layers[largest].modules()
+               if isinstance(m, torch.nn.Linear)] if largest is not None else []
+    return whole, whole - sum(per_layer), max(per_layer, default=0), linears
+
+
+def default_state_bytes(out_features: int, in_features: int) -> int:
+    """Scores, threshold copy and mask of one linear (9 bytes a weight), and the sort buffers of
+    one chunk of rows (`pruning.masks.ROW_CHUNK_ENTRIES`): magnitude, Wanda."""
+    from prunelab.pruning.masks import ROW_CHUNK_ENTRIES
+
+    weights = out_features * in_features
+    return 9 * weights + (MASK_BYTES_PER_WEIGHT - 5) * min(weights, ROW_CHUNK_ENTRIES)
+
+
+def estimate(config, dtype: torch.dtype, activation_tokens: int,
+             state_bytes: Callable[[int, int], int] = default_state_bytes) -> MemoryEstimate:
+    """The run's peak by part; `activation_tokens` is calibration sequences x length (or the
+    evaluation's, whichever is larger); `state_bytes(out, in)` the method's state for one linear."""
+    whole, outside, largest, linears = layer_shapes(config, dtype)
+    hidden = int(config.hidden_size)
+    activations = 2 * activation_tokens * hidden * torch.empty((), dtype=dtype).element_size()  # in, out
+    state = max((state_bytes(o, i) for o, i in linears), default=0)
+    return MemoryEstimate(whole, outside, largest, activations, state, current_rss(anonymous=True))
+
+
+def choose_mode(streaming: bool | str, need: MemoryEstimate, budget: int | None, budget_source: str
+                ) -> str:
+    """"resident" or "streamed" for `model.streaming` (true | false | auto) under the budget; a
+    run that cannot fit even streamed is refused here, in one line, before any work."""
+    mode = ("streamed" if streaming is True else "resident" if streaming is False
+            else "streamed" if budget is not None and need.resident > budget else "resident")
+    if budget is None:
+        return mode
+    peak = need.streamed if mode == "streamed" else need.resident
+    if peak <= budget:
+        return mode
+    parts = (f"one layer {gib(need.largest_layer)} + embeddings and head {gib(need.outside_layers)} + "
+             f"activations {gib(need.activations)} + method state {gib(need.method_state)} + "
+             f"process {gib(need.baseline)}")
+    if mode == "resident" and need.streamed <= budget:
+        raise ModelCheckError(f"the model needs about {gib(need.resident)} in memory but the budget is "
+                              f"{gib(budget)} ({budget_source}); model.streaming=true (or auto) reads one "
+                              f"decoder layer at a time and needs about {gib(need.streamed)}")
+    raise ModelCheckError(f"even streamed, this run needs about {gib(need.streamed)} ({parts}) but the "
+                          f"budget is {gib(budget)} ({budget_source}); use fewer calibration samples "
+                          f"(data.calibration.nsamples), a smaller dtype, or more memory")

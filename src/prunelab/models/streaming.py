@@ -1,0 +1,351 @@
+"""Decoder layers streamed from the checkpoint: prune and evaluate models larger than memory.
+
+A streamed model is the `*ForCausalLM` skeleton on the meta device (no weight allocated) with its
+embeddings, final norm and output head read into memory. Its decoder layers stay on disk: a
+layer-sequential pass (`calibration.runner`) asks `LayerStore.resident(layer)` for one layer at a
+time, which reads that layer's tensors from the safetensors shards (plain file reads,
+`safetensors_files`), and on exit writes the layer to a shard of its own if the pass changed it
+(in-place edits are seen through the tensors' version counters) and puts it back on meta. Later
+passes (evaluation after pruning) read the changed layers from those shards. `save_checkpoint`
+writes the current model as a standard sharded checkpoint, one layer in memory at a time.
+
+In memory at once, then: embeddings and head, one decoder layer, the calibration activations and
+the method's per-layer state; never the whole model (the references keep all of it in host RAM:
+SparseGPT's llama.py, Wanda's prune_wanda, llm-compressor's sequential onloading).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import shutil
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from prunelab.errors import ModelCheckError
+from prunelab.models.architectures import Architecture
+from prunelab.models.safetensors_files import (
+    TensorLocation, checkpoint_tensors, read_header, read_tensor, write_index, write_shard,
+)
+
+log = logging.getLogger(__name__)
+
+_STORES: weakref.WeakKeyDictionary[nn.Module, LayerStore] = weakref.WeakKeyDictionary()
+
+
+def store_of(model: nn.Module) -> LayerStore | None:
+    """The LayerStore of a streamed model, or None for a model held in memory."""
+    return _STORES.get(model)
+
+
+def _release_freed_memory() -> None:
+    """Give freed heap pages back to the OS (glibc keeps ~90 MB per freed layer otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _prefer_mmap_for_large_buffers() -> None:
+    """Allocations >= 1 MiB as their own mappings, returned to the OS when freed (as
+    MALLOC_MMAP_THRESHOLD_=1048576 would do), so a freed layer does not stay in the heap."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def _set_tensor(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    owner_path, _, attr = name.rpartition(".")
+    owner = module.get_submodule(owner_path) if owner_path else module
+    if attr in owner._parameters:
+        owner._parameters[attr] = nn.Parameter(value, requires_grad=False)
+    elif attr in owner._buffers:
+        owner._buffers[attr] = value
+    else:
+        raise ModelCheckError(f"the checkpoint has a tensor {name!r} the model does not define")
+
+
+def _get_tensor(module: nn.Module, name: str) -> torch.Tensor:
+    owner_path, _, attr = name.rpartition(".")
+    owner = module.get_submodule(owner_path) if owner_path else module
+    return owner._parameters[attr] if attr in owner._parameters else owner._buffers[attr]
+
+
+class LayerStore:
+    """Where each decoder layer's tensors are, and the one-layer-at-a-time access to them.
+
+    Args:
+        model: the skeleton, layers on meta.
+        arch: its architecture entry (the layers' attribute path).
+        tensors: name -> location of every tensor of the source checkpoint.
+        work_dir: where changed layers are written (a folder of this run; removed at `close`).
+        device: where layers are read to and computed.
+    """
+
+    def __init__(self, model: nn.Module, arch: Architecture, tensors: dict[str, TensorLocation],
+                 work_dir: Path, device: torch.device):
+        self.model, self.arch, self.device = model, arch, torch.device(device)
+        self.source = Path(next(iter(tensors.values())).file).parent if tensors else None
+        self.source_layers = len(model.get_submodule(arch.layers))
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        layers = model.get_submodule(arch.layers)
+        self.sources: dict[nn.Module, dict[str, TensorLocation]] = {}
+        for index, layer in enumerate(layers):
+            prefix = f"{arch.layers}.{index}."
+            self.sources[layer] = {name[len(prefix):]: loc for name, loc in tensors.items()
+                                   if name.startswith(prefix)}
+        self._resident: dict[nn.Module, tuple[int, dict[str, tuple[int, int, int]]]] = {}
+        self._serial = itertools.count()
+        self.reads = self.writes = 0  # layers read from disk and written back (for the record)
+        #: what evaluation passes may hold in activations at once (windows are grouped to fit)
+        self.activation_budget_bytes = 2 * 1024**3
+        _prefer_mmap_for_large_buffers()
+
+    def layer_bytes(self, layer: nn.Module) -> int:
+        return sum(loc.nbytes for loc in self.sources[layer].values())
+
+    @contextmanager
+    def resident(self, layer: nn.Module, device: torch.device | None = None) -> Iterator[nn.Module]:
+        """The layer with its weights in memory on `device` (default: the store's) for the
+        duration; written to its own shard on exit when its tensors were changed. Re-entrant."""
+        if layer in self._resident:
+            count, seen = self._resident[layer]
+            self._resident[layer] = (count + 1, seen)
+            try:
+                yield layer
+            finally:
+                count, seen = self._resident[layer]
+                self._resident[layer] = (count - 1, seen)
+            return
+        self._load(layer, device or self.device)
+        try:
+            yield layer
+        finally:
+            self._unload(layer)
+
+    def _load(self, layer: nn.Module, device: torch.device) -> None:
+        seen = {}
+        for name, location in self.sources[layer].items():
+            skeleton = _get_tensor(layer, name)
+            value = read_tensor(location, device).to(skeleton.dtype)
+            _set_tensor(layer, name, value)
+            current = _get_tensor(layer, name)
+            seen[name] = (id(current), current._version, current.data_ptr())
+        self._resident[layer] = (1, seen)
+        self.reads += 1
+
+    def _changed(self, layer: nn.Module, seen: dict[str, tuple[int, int, int]]) -> bool:
+        for name, (ident, version, pointer) in seen.items():
+            current = _get_tensor(layer, name)
+            if id(current) != ident or current._version != version or current.data_ptr() != pointer:
+                return True
+        return False
+
+    def _unload(self, layer: nn.Module) -> None:
+        count, seen = self._resident[layer]
+        if count > 1:
+            self._resident[layer] = (count - 1, seen)
+            return
+        try:
+            if self._changed(layer, seen):
+                self._write(layer)
+        finally:
+            del self._resident[layer]
+            for name, location in self.sources[layer].items():
+                skeleton = _get_tensor(layer, name)
+                _set_tensor(layer, name, torch.empty(location.shape, dtype=skeleton.dtype, device="meta"))
+            _release_freed_memory()
+
+    def _write(self, layer: nn.Module) -> None:
+        """The layer's current tensors into a new shard of the work folder; the sources follow."""
+        path = self.work_dir / f"layer-{next(self._serial):05d}.safetensors"
+        write_shard(path, {name: _get_tensor(layer, name) for name in self.sources[layer]})
+        previous = {loc.file for loc in self.sources[layer].values()}
+        self.sources[layer] = read_header(path)
+        for old in previous:  # an earlier version of this layer, written by this store
+            if old.parent == self.work_dir and old != path:
+                old.unlink(missing_ok=True)
+        self.writes += 1
+
+    def layers(self) -> nn.ModuleList:
+        return self.model.get_submodule(self.arch.layers)
+
+    def save_checkpoint(self, folder: str | Path) -> Path:
+        """The current model (removed layers gone, changed layers as changed) as a standard
+        sharded safetensors checkpoint with its config, one layer in memory at a time."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        layers = self.layers()
+        count = len(layers) + 1
+        shard = lambda i: f"model-{i:05d}-of-{count:05d}.safetensors"  # noqa: E731
+        weight_map: dict[str, str] = {}
+        total = 0
+        outside = outside_layer_tensors(self.model, self.arch)
+        write_shard(folder / shard(1), outside)
+        weight_map.update({name: shard(1) for name in outside})
+        total += sum(t.numel() * t.element_size() for t in outside.values())
+        for index, layer in enumerate(layers):
+            tensors = {f"{self.arch.layers}.{index}.{name}": read_tensor(loc)
+                       for name, loc in self.sources[layer].items()}
+            write_shard(folder / shard(index + 2), tensors)
+            weight_map.update({name: shard(index + 2) for name in tensors})
+            total += sum(t.numel() * t.element_size() for t in tensors.values())
+            del tensors
+            _release_freed_memory()
+        write_index(folder, weight_map, total)
+        self.model.config.save_pretrained(folder)
+        generation = getattr(self.model, "generation_config", None)
+        if generation is not None:
+            try:
+                generation.save_pretrained(folder)
+            except Exception as err:  # an invalid generation config does not stop the save
+                log.warning("generation config not saved: %s", err)
+        return folder
+
+    def changed(self) -> bool:
+        """Whether the model differs from the source checkpoint (a layer written or removed)."""
+        return self.writes > 0 or len(self.layers()) != self.source_layers
+
+    @contextmanager
+    def offloaded(self, memory_bytes: int | None = None) -> Iterator[nn.Module]:
+        """The current model through accelerate's offload (`device_map` with `max_memory`): what
+        lm-eval's HFLM evaluates when the model does not fit. The checkpoint is the source when
+        nothing changed, else the current model saved once, shard by shard."""
+        from transformers import AutoModelForCausalLM
+
+        folder = self.source
+        if self.changed():
+            folder = self.save_checkpoint(self.work_dir / "checkpoint")
+        limit = memory_bytes or self.offload_memory_bytes()
+        key = (self.device.index or 0) if self.device.type == "cuda" else "cpu"
+        max_memory = {key: limit, **({"cpu": limit} if key != "cpu" else {})}
+        offload = self.work_dir / "offload"
+        dtype = next(iter(self.model.parameters())).dtype
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map="auto",
+                                                     max_memory=max_memory, offload_folder=str(offload))
+        model.eval()
+        try:
+            yield model
+        finally:
+            del model
+            shutil.rmtree(offload, ignore_errors=True)
+            _release_freed_memory()
+
+    def offload_memory_bytes(self) -> int:
+        """What offloaded evaluation keeps in memory: embeddings and head plus two layers."""
+        outside = sum(t.numel() * t.element_size() for t in outside_layer_tensors(self.model, self.arch).values())
+        largest = max((self.layer_bytes(layer) for layer in self.layers()), default=0)
+        return outside + 2 * largest
+
+    def close(self) -> None:
+        """Remove the work folder (the changed layers; the run saves what it keeps first)."""
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+@contextmanager
+def forward_model(model: nn.Module) -> Iterator[nn.Module]:
+    """A model whose whole forward pass can run: the model itself when in memory; a streamed
+    model through accelerate's offload (lm-eval's zero-shot runs on that engine, not on a second
+    home-made forward)."""
+    store = store_of(model)
+    if store is None:
+        yield model
+        return
+    with store.offloaded() as offloaded:
+        yield offloaded
+
+
+def outside_layer_tensors(model: nn.Module, arch: Architecture) -> dict[str, torch.Tensor]:
+    """Persistent tensors outside the decoder layers (embeddings, final norm, head), as in a
+    checkpoint: a head tied to the input embeddings is left out, as `save_pretrained` does."""
+    prefix = arch.layers + "."
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = head is not None and embeddings is not None and head.weight is embeddings.weight
+    out = {}
+    head_names = {name for name, module in model.named_modules() if module is head}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if name.startswith(prefix):
+            continue
+        if tied and name.rpartition(".")[0] in head_names:
+            continue
+        out[name] = tensor.detach()
+    return out
+
+
+def streamed_skeleton(source: str | Path, config, dtype: torch.dtype, device: torch.device,
+                      arch: Architecture, work_dir: Path) -> nn.Module:
+    """The model with its layers on meta and everything else read from `source`'s shards;
+    registered so that `store_of(model)` finds its LayerStore."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():  # parameters on meta; buffers (rotary inv_freq) computed on CPU
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    tensors = model_named(checkpoint_tensors(source), model, source)
+    prefix = arch.layers + "."
+    expected = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    expected |= {name for name, _ in model.state_dict().items()}
+    unexpected = sorted(set(tensors) - expected)
+    if unexpected:
+        raise ModelCheckError(f"the weights in {source} do not match its config: {len(unexpected)} "
+                              f"unexpected ({', '.join(unexpected[:3])}); check config.json")
+    for name, location in tensors.items():
+        if not name.startswith(prefix):
+            _set_tensor(model, name, read_tensor(location, device).to(_get_tensor(model, name).dtype))
+    if getattr(config, "tie_word_embeddings", False):
+        head = model.get_output_embeddings()
+        if head is not None:
+            head.weight = model.get_input_embeddings().weight
+    missing = sorted(name for name, tensor in model.named_parameters()
+                     if tensor.is_meta and not name.startswith(prefix))
+    missing += sorted(name for name, _ in model.named_parameters()
+                      if name.startswith(prefix) and name not in tensors)
+    if missing:
+        raise ModelCheckError(f"the weights in {source} do not match its config: {len(missing)} missing "
+                              f"({', '.join(missing[:3])}); check config.json (num_hidden_layers, ...)")
+    model.eval()
+    _STORES[model] = LayerStore(model, arch, tensors, work_dir, device)
+    log.info("streaming %s: %d decoder layers read one at a time from %d tensors", source,
+             len(model.get_submodule(arch.layers)), len(tensors))
+    return model
+
+
+def model_named(tensors: dict[str, TensorLocation], model: nn.Module, source) -> dict[str, TensorLocation]:
+    """The checkpoint's tensors under the model's names, renamed as `from_pretrained` renames
+    them (transformers' conversion mapping: GPT-NeoX's `embed_out` is `lm_head`). A checkpoint
+    whose tensors must be converted, not only renamed (fused MoE experts), is refused."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, rename_source_key
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    meta = model.state_dict()
+    out = {}
+    for name, location in tensors.items():
+        renamed, converted = rename_source_key(name, renamings, converters, model.base_model_prefix, meta)
+        if converted is not None:
+            raise ModelCheckError(f"{source}: tensor {name} must be converted on loading "
+                                  f"({converted}); streaming reads tensors as stored: use model.streaming=false")
+        out[renamed] = location
+    return out
+
+
+def checkpoint_description(folder: str | Path) -> dict:
+    """Files and total bytes of a checkpoint folder (for logs and records)."""
+    tensors = checkpoint_tensors(folder)
+    files = sorted({loc.file.name for loc in tensors.values()})
+    return {"files": files, "bytes": sum(loc.nbytes for loc in tensors.values()),
+            "tensors": len(tensors)}
+
+
+__all__ = ["LayerStore", "store_of", "forward_model", "streamed_skeleton", "outside_layer_tensors",
+           "checkpoint_description", "model_named"]

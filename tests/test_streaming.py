@@ -1,0 +1,228 @@
+"""Streamed models (decoder layers read from the checkpoint one at a time) compute what resident
+models compute, bit for bit: forward NLLs, masks, pruned weights, the saved checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny import ARCHS, tiny_config, train_tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import prunelab
+from prunelab.calibration.runner import LayerSequentialRunner, capture_layer_inputs
+from prunelab.errors import ConfigError, ModelCheckError
+from prunelab.evaluation.perplexity import window_nlls
+from prunelab.models import ModelSpec, load_model
+from prunelab.models.adapter import ModelAdapter
+from prunelab.models.memory import MemoryEstimate, choose_mode
+from prunelab.models.safetensors_files import INDEX_FILE, checkpoint_tensors, read_tensor
+from prunelab.models.streaming import store_of
+from prunelab.pruning import masks
+
+
+def resident(path):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def streamed(path, tmp_path):
+    spec = ModelSpec(name_or_path=str(path), device="cpu", streaming=True)
+    loaded = load_model(spec, memory=None)
+    assert loaded.mode == "streamed" and store_of(loaded.model) is not None
+    return loaded.model
+
+
+def token_ids(n: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 300, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_same_weights(model: torch.nn.Module, folder) -> None:
+    """Every tensor of `model` equals the one saved in `folder`, and nothing is missing."""
+    saved = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    expected, got = model.state_dict(), saved.state_dict()
+    assert set(expected) == set(got)
+    differing = [name for name in expected if not torch.equal(expected[name], got[name])]
+    assert differing == []
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    """Llama saved sharded (an index and 5 files) and with tied embeddings."""
+    root = tmp_path_factory.mktemp("stream_models")
+    out = {}
+    for name, changes, shard in (("sharded", {}, "40KB"), ("tied", {"tie_word_embeddings": True}, "5GB")):
+        torch.manual_seed(1)
+        config = tiny_config("llama")
+        for key, value in changes.items():
+            setattr(config, key, value)
+        model = AutoModelForCausalLM.from_config(config)
+        model.save_pretrained(root / name, max_shard_size=shard)
+        train_tokenizer(root / name)
+        out[name] = root / name
+    assert (out["sharded"] / INDEX_FILE).exists()
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_streamed_nlls_equal_resident(arch, tiny_model_dirs, tmp_path):
+    path = tiny_model_dirs[arch]
+    windows = token_ids(1, 6 * 32)
+    expected = window_nlls(resident(path), windows, 32, batch_size=2, progress=False)
+    got = window_nlls(streamed(path, tmp_path), windows, 32, batch_size=2, progress=False)
+    assert got == expected  # bit for bit, every window
+
+
+@pytest.mark.parametrize("variant", ["sharded", "tied"])
+def test_streamed_reads_sharded_and_tied_checkpoints(variant, variants, tmp_path):
+    windows = token_ids(1, 4 * 32)
+    model = streamed(variants[variant], tmp_path)
+    if variant == "tied":
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert window_nlls(model, windows, 32, progress=False) == window_nlls(
+        resident(variants[variant]), windows, 32, progress=False)
+
+
+CASES = [
+    ("wanda", {}),
+    ("wanda", {"sparsity_type": "2:4"}),
+    ("sparsegpt", {}),
+    ("sparsegpt", {"sparsity_type": "2:4"}),
+    ("magnitude", {}),
+    ("wanda", {"allocation": "owl"}),
+    ("wanda", {"allocation": "pals"}),
+    ("magnitude", {"allocation": "alpha"}),
+    ("wanda", {"allocation": "random"}),
+]
+
+
+@pytest.mark.parametrize("method,options", CASES, ids=[f"{m}-{'-'.join(map(str, o.values())) or 'default'}"
+                                                        for m, o in CASES])
+def test_streamed_pruning_equals_resident(method, options, tiny_model_dirs, tmp_path):
+    path = tiny_model_dirs["llama"]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    calibration = token_ids(8, 32, seed=3)
+    sparsity = 0.5
+    reference, model = resident(path), streamed(path, tmp_path)
+    want = prunelab.prune(reference, tokenizer, method, sparsity, calibration, progress=False, **options)
+    got = prunelab.prune(model, tokenizer, method, sparsity, calibration, progress=False, **options)
+    assert got["sparsity"] == want["sparsity"]
+    assert got["parameters"] == want["parameters"]
+    assert got["pruning"] == want["pruning"]
+    folder = store_of(model).save_checkpoint(tmp_path / "pruned")
+    assert_same_weights(reference, folder)  # every pruned weight, bit for bit
+    windows = token_ids(1, 4 * 32, seed=5)
+    assert window_nlls(model, windows, 32, progress=False) == window_nlls(reference, windows, 32,
+                                                                          progress=False)
+
+
+def test_one_decoder_layer_in_memory_at_a_time(tiny_model_dirs, tmp_path):
+    model = streamed(tiny_model_dirs["llama"], tmp_path)
+    adapter = ModelAdapter(model)
+    seen = []
+    runner = LayerSequentialRunner(adapter, capture_layer_inputs(adapter, token_ids(2, 16)), progress=False)
+    for step in runner:
+        resident_layers = [i for i, layer in enumerate(adapter.layers)
+                           if any(not p.is_meta for p in layer.parameters())]
+        seen.append(resident_layers)
+    assert seen == [[i] for i in range(adapter.num_layers)]
+    assert all(p.is_meta for p in adapter.layers.parameters())  # all back on disk afterwards
+    assert store_of(model).writes == 0  # nothing changed, nothing written
+
+
+def test_changed_layers_are_written_and_read_back(tiny_model_dirs, tmp_path):
+    model = streamed(tiny_model_dirs["llama"], tmp_path)
+    adapter, store = ModelAdapter(model), store_of(model)
+    with adapter.layer_in_memory(1) as layer:
+        adapter.linears(layer)["mlp.down_proj"].weight.zero_()
+    assert store.writes == 1
+    with adapter.layer_in_memory(1) as layer:
+        assert bool((adapter.linears(layer)["mlp.down_proj"].weight == 0).all())
+    folder = store.save_checkpoint(tmp_path / "saved")
+    names = json.loads((folder / INDEX_FILE).read_text())["weight_map"]
+    down = checkpoint_tensors(folder)["model.layers.1.mlp.down_proj.weight"]
+    assert bool((read_tensor(down) == 0).all()) and len(set(names.values())) == adapter.num_layers + 1
+
+
+def test_gradient_allocation_is_refused_when_streamed(tiny_model_dirs, tmp_path):
+    path = tiny_model_dirs["llama"]
+    with pytest.raises(ConfigError, match="allocation=gradient"):
+        prunelab.prune(streamed(path, tmp_path), AutoTokenizer.from_pretrained(path), "wanda", 0.5,
+                       token_ids(4, 32), allocation="gradient", progress=False)
+
+
+def test_row_chunked_masks_equal_whole_matrix_masks(monkeypatch):
+    scores = torch.randn(96, 40, generator=torch.Generator().manual_seed(0)).round(decimals=1)  # ties
+    whole = {ties: masks.unstructured_mask(scores, 0.5, "row", ties) for ties in masks.TIES}
+    monkeypatch.setattr(masks, "ROW_CHUNK_ENTRIES", 7 * 40)  # 7 rows at a time: uneven last chunk
+    for ties, expected in whole.items():
+        assert torch.equal(masks.unstructured_mask(scores, 0.5, "row", ties), expected)
+
+
+def _estimate(resident_bytes: int, streamed_bytes: int) -> MemoryEstimate:
+    return MemoryEstimate(whole_model=resident_bytes, outside_layers=streamed_bytes, largest_layer=0,
+                          activations=0, method_state=0, baseline=0)
+
+
+def test_choose_mode_streams_under_auto_and_refuses_what_cannot_fit():
+    need = _estimate(resident_bytes=10 << 30, streamed_bytes=2 << 30)
+    assert choose_mode("auto", need, 24 << 30, "test") == "resident"
+    assert choose_mode("auto", need, 3 << 30, "test") == "streamed"
+    assert choose_mode(True, need, 3 << 30, "test") == "streamed"
+    with pytest.raises(ModelCheckError, match="model.streaming=true"):
+        choose_mode(False, need, 3 << 30, "test")
+    with pytest.raises(ModelCheckError, match="even streamed"):
+        choose_mode("auto", need, 1 << 30, "test")
+
+
+def test_run_records_mode_and_stage_peaks(tmp_path):
+    record = prunelab.run(["model.streaming=true", "evaluation=ppl", "evaluation.perplexity.max_windows=4",
+                           f"paths.records_dir={tmp_path}", "tracking=none", "runtime.progress=false"])
+    memory = record["memory"]
+    assert memory["mode"] == "streamed" and memory["layer_writes"] == record["parameters"]["dense"][
+        "decoder_layers"]
+    assert set(memory["stage_peak_rss_bytes"]) >= {"load", "dense_eval", "prune", "evaluate"}
+    assert memory["estimate_bytes"]["streamed"] < memory["estimate_bytes"]["resident"]
+
+
+def test_run_that_cannot_fit_is_refused_before_work(tmp_path):
+    with pytest.raises(ModelCheckError, match="even streamed"):
+        prunelab.run(["model.streaming=true", "runtime.memory_budget_gb=0.01", "evaluation=ppl",
+                      f"paths.records_dir={tmp_path}", "tracking=none"])
+    record = json.loads(next(tmp_path.rglob("result.json")).read_text())
+    assert record["failure"]["stage"] == "load" and "metrics" not in record
+
+
+def test_streamed_run_refuses_what_it_cannot_run_yet(tmp_path):
+    with pytest.raises(ConfigError, match="depth pruning"):
+        prunelab.run(["model.streaming=true", "pruning=depth", "evaluation=ppl",
+                      f"paths.records_dir={tmp_path}", "tracking=none"])
+
+
+def test_streamed_run_equals_resident_run_zero_shot_included(tmp_path):
+    """The default evaluation (token perplexity and lm-eval's zero-shot, the latter through
+    accelerate's offload on the written checkpoint) gives the same numbers streamed."""
+    common = ["evaluation.zeroshot.items=40", "evaluation.zeroshot.tasks=[tb_agreement,tb_city]",
+              "evaluation.perplexity.max_windows=4", "tracking=none", "runtime.progress=false"]
+    records = {mode: prunelab.run([f"model.streaming={mode}", f"paths.records_dir={tmp_path / mode}",
+                                   f"paths.cache_dir={tmp_path / ('cache_' + mode)}", *common])
+               for mode in ("false", "true")}
+    assert records["true"]["memory"]["mode"] == "streamed"
+    for stage in ("dense", "pruned"):
+        want, got = records["false"]["metrics"][stage], records["true"]["metrics"][stage]
+        assert set(got) == set(want) and any(key.startswith("zeroshot/") for key in got)
+        for key in want:
+            assert got[key]["value"] == want[key]["value"], key
+            assert got[key].get("samples") == want[key].get("samples"), key
+    assert records["true"]["sparsity"] == records["false"]["sparsity"]
+
+
+def test_evaluators_find_the_device_of_an_offloaded_embedding(tiny_model_dirs, tmp_path):
+    """Token ids go where accelerate runs the embedding, even when its weight is on disk."""
+    path = tiny_model_dirs["llama"]
+    offloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, device_map="auto",
+                                                     max_memory={"cpu": 1000}, offload_folder=str(tmp_path))
+    assert offloaded.get_input_embeddings().weight.device.type == "meta"
+    windows = token_ids(1, 3 * 32)
+    assert window_nlls(offloaded, windows, 32, progress=False) == window_nlls(resident(path), windows, 32,
+                                                                              progress=False)
