@@ -126,6 +126,8 @@ def test_one_decoder_layer_in_memory_at_a_time(tiny_model_dirs, tmp_path):
                            if any(not p.is_meta for p in layer.parameters())]
         seen.append(resident_layers)
     assert seen == [[i] for i in range(adapter.num_layers)]
+    assert model.get_input_embeddings().weight.is_meta  # read for the capture only
+    assert model.get_output_embeddings().weight.is_meta  # untied: read for logits only
     assert all(p.is_meta for p in adapter.layers.parameters())  # all back on disk afterwards
     assert store_of(model).writes == 0  # nothing changed, nothing written
 
@@ -161,6 +163,7 @@ def test_row_chunked_masks_equal_whole_matrix_masks(monkeypatch):
 
 def _estimate(resident_bytes: int, streamed_bytes: int) -> MemoryEstimate:
     return MemoryEstimate(whole_model=resident_bytes, outside_layers=streamed_bytes, largest_layer=0,
+                          largest_streamed=0,
                           activations=0, method_state=0, baseline=0)
 
 
@@ -194,9 +197,30 @@ def test_run_that_cannot_fit_is_refused_before_work(tmp_path):
 
 
 def test_streamed_run_refuses_what_it_cannot_run_yet(tmp_path):
-    with pytest.raises(ConfigError, match="depth pruning"):
-        prunelab.run(["model.streaming=true", "pruning=depth", "evaluation=ppl",
+    with pytest.raises(ConfigError, match="pruning/scorer=sleb"):
+        prunelab.run(["model.streaming=true", "pruning=depth", "pruning/scorer=sleb", "evaluation=ppl",
                       f"paths.records_dir={tmp_path}", "tracking=none"])
+
+
+@pytest.mark.parametrize("arch,scorer", [("llama", "block_influence"), ("llama", "angular"),
+                                         ("qwen3", "streamline"), ("gpt_neox", "block_influence")])
+def test_streamed_depth_pruning_equals_resident(arch, scorer, tiny_model_dirs, tmp_path):
+    """Scores from hidden states, the same layers removed, the checkpoint renumbered."""
+    path = tiny_model_dirs[arch]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    calibration = token_ids(8, 32, seed=4)
+    reference, model = resident(path), streamed(path, tmp_path)
+    want = prunelab.prune(reference, tokenizer, "depth", calibration=calibration, scorer=scorer,
+                          num_layers=2, progress=False)
+    got = prunelab.prune(model, tokenizer, "depth", calibration=calibration, scorer=scorer, num_layers=2,
+                         progress=False)
+    assert got["pruning"] == want["pruning"] and got["parameters"] == want["parameters"]
+    folder = store_of(model).save_checkpoint(tmp_path / "pruned")
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 2
+    assert_same_weights(reference, folder)
+    windows = token_ids(1, 3 * 32, seed=6)
+    assert window_nlls(model, windows, 32, progress=False) == window_nlls(reference, windows, 32,
+                                                                          progress=False)
 
 
 def test_streamed_run_equals_resident_run_zero_shot_included(tmp_path):

@@ -135,8 +135,8 @@ def row(model: str, method: str, mode: str, cap: int | None, result: dict) -> di
     for stage in ("load", "dense_eval", "prune", "evaluate", "save"):
         if stage in peaks:
             out[f"peak_{stage}_mb"] = round(peaks[stage] / MB)
-    for part in ("whole_model", "outside_layers", "largest_layer", "activations", "method_state",
-                 "baseline", "streamed"):
+    for part in ("whole_model", "outside_layers", "largest_layer", "largest_streamed", "activations",
+                 "method_state", "baseline", "streamed"):
         if part in estimate:
             out[f"bound_{part}_mb"] = round(estimate[part] / MB)
     if record.get("failure"):
@@ -157,8 +157,9 @@ def render(table: pd.DataFrame, comparisons: list[dict], args) -> str:
              f"(dense and pruned), torch threads {args.threads}, 2-core machine. Command: "
              "`python experiments/benchmarks/streaming_benchmark.py` (see its docstring).", "",
              "Peaks are the peak resident memory of each stage (VmHWM, reset per stage); the bound is the "
-             "streamed estimate the run was admitted under: one layer + embeddings and head + two activation "
-             "buffers + method state + the process before loading.", ""]
+             "streamed estimate the run was admitted under: the largest module read at once (a layer, the "
+             "embeddings or the head) + the final norm + two activation buffers + method state + the "
+             "process's private memory before loading (VmData under a data limit).", ""]
     shown = [c for c in ["model", "method", "mode", "cap_gib", "status", "cpu_s", "cpu_vs_resident",
                          "peak_load_mb", "peak_dense_eval_mb", "peak_prune_mb", "peak_evaluate_mb",
                          "bound_streamed_mb", "bound_whole_model_mb", "ppl_pruned", "failure"] if c in table]

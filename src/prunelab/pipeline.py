@@ -145,8 +145,10 @@ def memory_request(setup: RunSetup) -> MemoryRequest:
 def check_streamable(setup: RunSetup) -> None:
     """What a streamed model cannot run yet: one line, before any work."""
     problems = []
-    if not isinstance(setup.pruning, WeightPruning):
-        problems.append(f"pruning={setup.pruning.name} (depth pruning)")
+    scorer = getattr(setup.pruning, "scorer", None)
+    if not isinstance(setup.pruning, WeightPruning) and not getattr(scorer, "streamable", False):
+        problems.append(f"pruning/scorer={getattr(scorer, 'name', setup.pruning.name)} (it reads every "
+                        "layer at once; streamable scorers: block_influence, angular, streamline, random)")
     if setup.recovery.name != "none":
         problems.append(f"recovery={setup.recovery.name}")
     if setup.evaluation.perplexity is not None and "word" in setup.evaluation.perplexity.protocols:

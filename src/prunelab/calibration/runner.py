@@ -90,11 +90,12 @@ def capture_layer_inputs(
     ids_device = input_device(adapter.model)
     handle = layer0.register_forward_pre_hook(hook, with_kwargs=True)
     try:
-        for batch in batched(samples, batch_size):
-            try:
-                adapter.model(input_ids=batch.to(ids_device), use_cache=False)
-            except _InputsCaptured:
-                pass
+        with adapter.outside_in_memory("embeddings"):  # streamed: read for the capture only
+            for batch in batched(samples, batch_size):
+                try:
+                    adapter.model(input_ids=batch.to(ids_device), use_cache=False)
+                except _InputsCaptured:
+                    pass
     finally:
         handle.remove()
     return LayerInputs(hidden, kwargs)

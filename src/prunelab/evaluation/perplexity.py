@@ -141,8 +141,9 @@ def batch_logits(model, windows: torch.Tensor, batch_size: int, progress: bool =
         runner = LayerSequentialRunner(adapter, inputs, progress=progress, desc="ppl layers")
         for _ in runner:
             pass
-        for batch, hidden in zip(batched(part, batch_size), runner.outputs.hidden):  # hidden: [B, T, C]
-            yield batch.to(device), adapter.logits_from_hidden(hidden)
+        with adapter.outside_in_memory("head"):  # read once for the group's logits
+            for batch, hidden in zip(batched(part, batch_size), runner.outputs.hidden):  # [B, T, C]
+                yield batch.to(device), adapter.logits_from_hidden(hidden)
 
 
 def selected_windows(ids: torch.Tensor, seqlen: int, max_windows: int | None = None,

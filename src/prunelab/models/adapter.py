@@ -23,6 +23,9 @@ ROLES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 def input_device(model: nn.Module) -> torch.device:
     """Where token ids must go: the input embedding's device, or, when accelerate has offloaded
     the embedding (its weight on `meta`), the device its hook executes on."""
+    store = store_of(model)
+    if store is not None:  # streamed: the embeddings are read onto the store's device when used
+        return store.device
     embeddings = model.get_input_embeddings()
     hook = getattr(embeddings, "_hf_hook", None)
     executes = getattr(hook, "execution_device", None)
@@ -116,6 +119,18 @@ class ModelAdapter:
         with store.resident(layer, device):
             yield layer
 
+    @contextmanager
+    def outside_in_memory(self, which: str = "all") -> Iterator[None]:
+        """A streamed model's input embeddings ("embeddings"), untied head ("head") or both
+        ("all") in memory for the duration (they stay on disk between the passes that use them);
+        nothing to do for a resident model."""
+        store = self.store
+        if store is None:
+            yield
+            return
+        with store.outside_resident(which):
+            yield
+
     def layers_in_memory(self) -> Iterator[tuple[int, nn.Module]]:
         """(index, layer) for every decoder layer, each in memory while the loop body runs."""
         for index in range(self.num_layers):
@@ -123,8 +138,9 @@ class ModelAdapter:
                 yield index, layer
 
     def outside_layer_parameters(self) -> list[nn.Parameter]:
-        """Parameters outside the decoder layers (embeddings, final norm, head; tied ones once):
-        always in memory, streamed or not."""
+        """Parameters outside the decoder layers (embeddings, final norm, head; tied ones once).
+        On a streamed model the embeddings and an untied head are on meta outside
+        `outside_in_memory`."""
         layer_params = {id(p) for p in self.layers.parameters()}
         return [p for p in self.model.parameters() if id(p) not in layer_params]
 
@@ -146,7 +162,8 @@ class ModelAdapter:
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm then lm_head: the part of the forward pass after the last decoder layer."""
-        return self.lm_head(self.final_norm(hidden))
+        with self.outside_in_memory("head"):
+            return self.lm_head(self.final_norm(hidden))
 
     @contextmanager
     def layers_replaced(self, layers: Sequence[nn.Module]) -> Iterator[None]:

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from prunelab.models.adapter import ModelAdapter
+from prunelab.models.adapter import ModelAdapter, input_device
+from prunelab.models.safetensors_files import read_header
 
 ATTR = "prunelab_boundary_ops"
 WEIGHTS_FILE = "prunelab_boundary_ops.safetensors"
@@ -133,11 +133,9 @@ def _has_unsaved_operators(directory: Path) -> bool:
     """True when a checkpoint's own weight files contain operator tensors (plain save_pretrained)."""
     if not directory.is_dir():
         return False
-    for path in directory.glob("*.safetensors"):
-        if path.name != WEIGHTS_FILE:
-            with safe_open(str(path), framework="pt") as handle:
-                if any(key.startswith(ATTR + ".") for key in handle.keys()):
-                    return True
+    for path in directory.glob("*.safetensors"):  # headers only: no memory map of the shards
+        if path.name != WEIGHTS_FILE and any(key.startswith(ATTR + ".") for key in read_header(path)):
+            return True
     return False
 
 
@@ -153,7 +151,7 @@ def apply_saved_boundary_operators(model: nn.Module, directory: str | Path) -> i
     index = json.loads((directory / INDEX_FILE).read_text())["operators"]
     tensors = load_file(str(directory / WEIGHTS_FILE))
     adapter = ModelAdapter(model)
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     for entry in index:
         op = BoundaryOperator(tensors[entry["tensor"]], entry["kind"], entry.get("method", "")).to(device)
         attach(model, entry["site"], op, adapter)

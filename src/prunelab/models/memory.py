@@ -1,9 +1,11 @@
 """How much memory a run needs, resident or streamed, against the budget it has.
 
-Estimated per layer, not per model: a layer-sequential pass over a streamed model holds the
-embeddings, final norm and head, one decoder layer, two activation buffers (the calibration set
-entering and leaving the current layer) and the method's per-layer state (SparseGPT's Hessian and
-its inverse; the mask's sort buffers). A resident run holds every layer instead of one. The shapes
+Estimated per layer, not per model: a streamed model holds the final norm (and embeddings tied to
+the head) throughout, and reads one module at a time: the embeddings while the calibration enters
+layer 0, one decoder layer while a pass visits it, an untied head while logits are taken; beside
+it, two activation buffers (the calibration set entering and leaving the current layer) and the
+method's per-layer state (SparseGPT's Hessian and its inverse; the mask's sort buffers). A
+resident run holds every weight instead. The shapes
 come from the config on the meta device: nothing is allocated to estimate.
 
 The budget is `runtime.memory_budget_gb` when set, else what this process may use: the smallest of
@@ -87,11 +89,12 @@ class MemoryEstimate:
     """Bytes a run holds at its peak, by part (see the module docstring)."""
 
     whole_model: int  # every weight
-    outside_layers: int  # embeddings, final norm, head (tied: once)
+    outside_layers: int  # what stays in memory outside the layers (final norm; tied embeddings)
     largest_layer: int  # one decoder layer
+    largest_streamed: int  # the largest module read at a time: a layer, the embeddings or the head
     activations: int  # calibration (or evaluation) hidden states: two buffers
     method_state: int  # the method's per-layer state at its largest linear
-    baseline: int  # the process's private memory before loading (Python, torch, data)
+    baseline: int  # the process's private memory before loading (`private_memory`)
 
     @property
     def resident(self) -> int:
@@ -99,30 +102,60 @@ class MemoryEstimate:
 
     @property
     def streamed(self) -> int:
-        return (self.outside_layers + self.largest_layer + self.activations + self.method_state
+        return (self.outside_layers + self.largest_streamed + self.activations + self.method_state
                 + self.baseline)
 
     def as_dict(self) -> dict[str, int]:
         return {**asdict(self), "resident": self.resident, "streamed": self.streamed}
 
 
-def layer_shapes(config, dtype: torch.dtype) -> tuple[int, int, int, list[tuple[int, int]]]:
-    """(whole model bytes, outside-layer bytes, largest layer bytes, [out, in] of every linear of
-    the largest layer), from the config on the meta device."""
+@dataclass(frozen=True)
+class ModelSizes:
+    """Bytes of a model's parts, from its config on the meta device."""
+
+    whole: int
+    resident_outside: int  # outside the layers and never streamed (final norm, tied embeddings)
+    largest_layer: int
+    largest_outside: int  # the larger of the streamed embeddings and head (0 when tied)
+    linears: list[tuple[int, int]]  # [out, in] of the largest layer's linears
+
+
+def model_sizes(config, dtype: torch.dtype) -> ModelSizes:
     from transformers import AutoModelForCausalLM
 
     from prunelab.models.architectures import architecture_for
+    from prunelab.models.streaming import streamed_outside_paths
 
+    arch = architecture_for(config.model_type)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    layers = model.get_submodule(architecture_for(config.model_type).layers)
+    if getattr(config, "tie_word_embeddings", False) and model.get_output_embeddings() is not None:
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    layers = model.get_submodule(arch.layers)
     size = torch.empty((), dtype=dtype).element_size()
     whole = sum(p.numel() for p in model.parameters()) * size
     per_layer = [sum(p.numel() for p in layer.parameters()) * size for layer in layers]
+    streamed = [sum(p.numel() for p in model.get_submodule(path).parameters()) * size
+                for path in streamed_outside_paths(model, arch)]
     largest = max(range(len(per_layer)), key=per_layer.__getitem__) if per_layer else None
     linears = [tuple(m.weight.shape) for m in layers[largest].modules()
                if isinstance(m, torch.nn.Linear)] if largest is not None else []
-    return whole, whole - sum(per_layer), max(per_layer, default=0), linears
+    return ModelSizes(whole, whole - sum(per_layer) - sum(streamed), max(per_layer, default=0),
+                      max(streamed, default=0), linears)
+
+
+def private_memory() -> int:
+    """What this process holds that counts against its limit: its data segment (VmData) under a
+    data limit, else its private resident memory (RssAnon)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return current_rss(anonymous=True)
 
 
 def default_state_bytes(out_features: int, in_features: int) -> int:
@@ -138,11 +171,13 @@ def estimate(config, dtype: torch.dtype, activation_tokens: int,
              state_bytes: Callable[[int, int], int] = default_state_bytes) -> MemoryEstimate:
     """The run's peak by part; `activation_tokens` is calibration sequences x length (or the
     evaluation's, whichever is larger); `state_bytes(out, in)` the method's state for one linear."""
-    whole, outside, largest, linears = layer_shapes(config, dtype)
+    sizes = model_sizes(config, dtype)
     hidden = int(config.hidden_size)
     activations = 2 * activation_tokens * hidden * torch.empty((), dtype=dtype).element_size()  # in, out
-    state = max((state_bytes(o, i) for o, i in linears), default=0)
-    return MemoryEstimate(whole, outside, largest, activations, state, current_rss(anonymous=True))
+    state = max((state_bytes(o, i) for o, i in sizes.linears), default=0)
+    return MemoryEstimate(sizes.whole, sizes.resident_outside, sizes.largest_layer,
+                          max(sizes.largest_layer, sizes.largest_outside), activations, state,
+                          private_memory())
 
 
 def choose_mode(streaming: bool | str, need: MemoryEstimate, budget: int | None, budget_source: str
@@ -156,7 +191,8 @@ def choose_mode(streaming: bool | str, need: MemoryEstimate, budget: int | None,
     peak = need.streamed if mode == "streamed" else need.resident
     if peak <= budget:
         return mode
-    parts = (f"one layer {gib(need.largest_layer)} + embeddings and head {gib(need.outside_layers)} + "
+    parts = (f"the largest module read at once {gib(need.largest_streamed)} + the rest outside the "
+             f"layers {gib(need.outside_layers)} + "
              f"activations {gib(need.activations)} + method state {gib(need.method_state)} + "
              f"process {gib(need.baseline)}")
     if mode == "resident" and need.streamed <= budget:

@@ -1,16 +1,17 @@
 """Decoder layers streamed from the checkpoint: prune and evaluate models larger than memory.
 
 A streamed model is the `*ForCausalLM` skeleton on the meta device (no weight allocated) with its
-embeddings, final norm and output head read into memory. Its decoder layers stay on disk: a
-layer-sequential pass (`calibration.runner`) asks `LayerStore.resident(layer)` for one layer at a
-time, which reads that layer's tensors from the safetensors shards (plain file reads,
+final norm (and embeddings tied to the head) read into memory. Its decoder layers, input
+embeddings and untied head stay on disk: a layer-sequential pass (`calibration.runner`) asks
+`LayerStore.resident(layer)` for one layer at a time (the capture asks for the embeddings, the
+logits for the head), which reads that module's tensors from the safetensors shards (plain file reads,
 `safetensors_files`), and on exit writes the layer to a shard of its own if the pass changed it
 (in-place edits are seen through the tensors' version counters) and puts it back on meta. Later
 passes (evaluation after pruning) read the changed layers from those shards. `save_checkpoint`
 writes the current model as a standard sharded checkpoint, one layer in memory at a time.
 
-In memory at once, then: embeddings and head, one decoder layer, the calibration activations and
-the method's per-layer state; never the whole model (the references keep all of it in host RAM:
+In memory at once, then: the final norm, one module (a decoder layer, the embeddings or the head),
+the calibration activations and the method's per-layer state; never the whole model (the references keep all of it in host RAM:
 SparseGPT's llama.py, Wanda's prune_wanda, llm-compressor's sequential onloading).
 """
 
@@ -22,7 +23,7 @@ import logging
 import shutil
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -102,6 +103,14 @@ class LayerStore:
             prefix = f"{arch.layers}.{index}."
             self.sources[layer] = {name[len(prefix):]: loc for name, loc in tensors.items()
                                    if name.startswith(prefix)}
+        #: the input embeddings and an untied head, read only while a pass uses them (capture,
+        #: logits), by path: they are the largest tensors outside the layers
+        self.outside: dict[str, nn.Module] = {}
+        for path in streamed_outside_paths(model, arch):
+            module = model.get_submodule(path)
+            self.sources[module] = {name[len(path) + 1:]: loc for name, loc in tensors.items()
+                                    if name.startswith(path + ".")}
+            self.outside[path] = module
         self._resident: dict[nn.Module, tuple[int, dict[str, tuple[int, int, int]]]] = {}
         self._serial = itertools.count()
         self.reads = self.writes = 0  # layers read from disk and written back (for the record)
@@ -178,6 +187,17 @@ class LayerStore:
     def layers(self) -> nn.ModuleList:
         return self.model.get_submodule(self.arch.layers)
 
+    @contextmanager
+    def outside_resident(self, which: str = "all") -> Iterator[None]:
+        """The streamed modules outside the layers in memory: "embeddings", "head" or "all"."""
+        head = self.model.get_output_embeddings()
+        wanted = [m for m in self.outside.values()
+                  if which == "all" or (which == "head") == (m is head)]
+        with ExitStack() as stack:
+            for module in wanted:
+                stack.enter_context(self.resident(module))
+            yield
+
     def save_checkpoint(self, folder: str | Path) -> Path:
         """The current model (removed layers gone, changed layers as changed) as a standard
         sharded safetensors checkpoint with its config, one layer in memory at a time."""
@@ -188,10 +208,12 @@ class LayerStore:
         shard = lambda i: f"model-{i:05d}-of-{count:05d}.safetensors"  # noqa: E731
         weight_map: dict[str, str] = {}
         total = 0
-        outside = outside_layer_tensors(self.model, self.arch)
-        write_shard(folder / shard(1), outside)
-        weight_map.update({name: shard(1) for name in outside})
-        total += sum(t.numel() * t.element_size() for t in outside.values())
+        with self.outside_resident():
+            outside = outside_layer_tensors(self.model, self.arch)
+            write_shard(folder / shard(1), outside)
+            weight_map.update({name: shard(1) for name in outside})
+            total += sum(t.numel() * t.element_size() for t in outside.values())
+            del outside
         for index, layer in enumerate(layers):
             tensors = {f"{self.arch.layers}.{index}.{name}": read_tensor(loc)
                        for name, loc in self.sources[layer].items()}
@@ -263,6 +285,16 @@ def forward_model(model: nn.Module) -> Iterator[nn.Module]:
         yield offloaded
 
 
+def streamed_outside_paths(model: nn.Module, arch: Architecture) -> list[str]:
+    """Paths of the input embeddings and of the head when it is not tied to them: streamed like
+    layers. A tied head shares its weight with the embeddings, and both stay in memory."""
+    embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is not None and embeddings is not None and head.weight is embeddings.weight:
+        return []
+    paths = {module: name for name, module in model.named_modules()}
+    return [paths[m] for m in (embeddings, head) if m is not None and m in paths]
+
+
 def outside_layer_tensors(model: nn.Module, arch: Architecture) -> dict[str, torch.Tensor]:
     """Persistent tensors outside the decoder layers (embeddings, final norm, head), as in a
     checkpoint: a head tied to the input embeddings is left out, as `save_pretrained` does."""
@@ -297,15 +329,21 @@ def streamed_skeleton(source: str | Path, config, dtype: torch.dtype, device: to
     if unexpected:
         raise ModelCheckError(f"the weights in {source} do not match its config: {len(unexpected)} "
                               f"unexpected ({', '.join(unexpected[:3])}); check config.json")
+    tie = lambda: setattr(model.get_output_embeddings(), "weight", model.get_input_embeddings().weight)  # noqa: E731
+    tied = getattr(config, "tie_word_embeddings", False) and model.get_output_embeddings() is not None
+    if tied:
+        tie()  # before: streamed_outside_paths sees the tie; after loading again: the loaded weight
+    streamed_prefixes = tuple(path + "." for path in streamed_outside_paths(model, arch)) + (prefix,)
     for name, location in tensors.items():
-        if not name.startswith(prefix):
+        if not name.startswith(streamed_prefixes):  # final norm, tied embeddings, OPT's positions
             _set_tensor(model, name, read_tensor(location, device).to(_get_tensor(model, name).dtype))
-    if getattr(config, "tie_word_embeddings", False):
-        head = model.get_output_embeddings()
-        if head is not None:
-            head.weight = model.get_input_embeddings().weight
+    if tied:
+        tie()
     missing = sorted(name for name, tensor in model.named_parameters()
-                     if tensor.is_meta and not name.startswith(prefix))
+                     if tensor.is_meta and not name.startswith(streamed_prefixes))
+    missing += sorted(name for name, _ in model.named_parameters()
+                      if name.startswith(streamed_prefixes[:-1]) and name not in tensors) if len(
+                          streamed_prefixes) > 1 else []
     missing += sorted(name for name, _ in model.named_parameters()
                       if name.startswith(prefix) and name not in tensors)
     if missing:

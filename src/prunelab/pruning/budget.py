@@ -59,7 +59,7 @@ class SparsityBudget:
     def record(self, target: float, weight: torch.Tensor) -> None:
         """After pruning a linear: add what its layer target wanted and what it now holds."""
         self.wanted += target * weight.numel()
-        self.measured += int((weight == 0).sum())
+        self.measured += weight.numel() - int(torch.count_nonzero(weight))
 
 
 def check_method_settings(sparsity: float, sparsity_type: str, group: str, ties: str, propagate: str,

@@ -9,12 +9,17 @@ import torch
 from prunelab.models.adapter import ModelAdapter
 
 
+def zero_count(weight: torch.Tensor) -> int:
+    """Zero entries of a tensor, without an 8-bytes-a-weight temporary (`(w == 0).sum()`)."""
+    return weight.numel() - int(torch.count_nonzero(weight))
+
+
 @torch.no_grad()
 def layer_sparsity(adapter: ModelAdapter, index: int) -> float:
     """Fraction of zeros over the linears of decoder layer `index`."""
     with adapter.layer_in_memory(index) as layer:
         weights = [lin.weight for lin in adapter.linears(layer).values()]
-        return sum(int((w == 0).sum()) for w in weights) / max(sum(w.numel() for w in weights), 1)
+        return sum(zero_count(w) for w in weights) / max(sum(w.numel() for w in weights), 1)
 
 
 @torch.no_grad()
@@ -26,7 +31,7 @@ def sparsity_report(adapter: ModelAdapter, layer_targets: list[float] | None) ->
     for index, layer in adapter.layers_in_memory():
         zeros = count = 0
         for name, linear in adapter.linears(layer).items():
-            z = int((linear.weight == 0).sum())
+            z = zero_count(linear.weight)
             per_linear[f"layers.{index}.{name}"] = z / linear.weight.numel()
             zeros += z
             count += linear.weight.numel()
@@ -42,10 +47,15 @@ def sparsity_report(adapter: ModelAdapter, layer_targets: list[float] | None) ->
 @torch.no_grad()
 def parameter_counts(adapter: ModelAdapter) -> dict[str, int]:
     """Parameters and nonzero parameters of the whole model (a streamed one a layer at a time)."""
-    outside = adapter.outside_layer_parameters()
-    total = sum(p.numel() for p in outside)
-    nonzero = sum(int((p != 0).sum()) for p in outside)
+    total = nonzero = 0
+    counted: set[int] = set()
+    for part in ("embeddings", "head"):  # a streamed model reads them one at a time
+        with adapter.outside_in_memory(part):
+            for p in adapter.outside_layer_parameters():
+                if not p.is_meta and id(p) not in counted:
+                    counted.add(id(p))
+                    total, nonzero = total + p.numel(), nonzero + int(torch.count_nonzero(p))
     for _, layer in adapter.layers_in_memory():
         total += sum(p.numel() for p in layer.parameters())
-        nonzero += sum(int((p != 0).sum()) for p in layer.parameters())
+        nonzero += sum(int(torch.count_nonzero(p)) for p in layer.parameters())
     return {"total": total, "nonzero": nonzero, "decoder_layers": adapter.num_layers}

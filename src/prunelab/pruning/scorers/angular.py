@@ -33,6 +33,7 @@ def token_angular_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 class AngularDistance:
     name = "angular"
+    streamable = True  # hidden states only, through the layer runner: runs on a streamed model
     selectors = ("contiguous",)
     plus_rule = False
 

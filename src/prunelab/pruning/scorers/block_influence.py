@@ -20,6 +20,7 @@ from prunelab.scoring.layers import COSINE_DIMS, RunningMean, cosine_terms
 
 class BlockInfluence:
     name = "block_influence"
+    streamable = True  # hidden states only, through the layer runner: runs on a streamed model
     selectors = ("lowest", "contiguous")
     plus_rule = False
 

@@ -16,6 +16,7 @@ from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
 
 class RandomScorer:
     name = "random"
+    streamable = True  # reads no weights: runs on a streamed model
     selectors = ("lowest", "contiguous")
     plus_rule = False
 

@@ -21,6 +21,7 @@ from prunelab.scoring.layers import COSINE_DIMS, cosine_terms
 
 class Streamline:
     name = "streamline"
+    streamable = True  # hidden states only, through the layer runner: runs on a streamed model
     selectors = ("contiguous",)
     plus_rule = False
 
