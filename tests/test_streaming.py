@@ -143,7 +143,7 @@ def test_changed_layers_are_written_and_read_back(tiny_model_dirs, tmp_path):
     folder = store.save_checkpoint(tmp_path / "saved")
     names = json.loads((folder / INDEX_FILE).read_text())["weight_map"]
     down = checkpoint_tensors(folder)["model.layers.1.mlp.down_proj.weight"]
-    assert bool((read_tensor(down) == 0).all()) and len(set(names.values())) == adapter.num_layers + 1
+    assert bool((read_tensor(down) == 0).all()) and len(set(names.values())) == adapter.num_layers + 2  # embeddings, head
 
 
 def test_gradient_allocation_is_refused_when_streamed(tiny_model_dirs, tmp_path):
@@ -161,21 +161,50 @@ def test_row_chunked_masks_equal_whole_matrix_masks(monkeypatch):
         assert torch.equal(masks.unstructured_mask(scores, 0.5, "row", ties), expected)
 
 
-def _estimate(resident_bytes: int, streamed_bytes: int) -> MemoryEstimate:
-    return MemoryEstimate(whole_model=resident_bytes, outside_layers=streamed_bytes, largest_layer=0,
-                          largest_streamed=0,
-                          activations=0, method_state=0, baseline=0)
+def _estimate(resident_bytes: int, streamed_bytes: int, activations: int = 0, batch: int = 0) -> MemoryEstimate:
+    return MemoryEstimate(whole_model=resident_bytes, outside_layers=streamed_bytes - activations,
+                          largest_layer=0, largest_streamed=0, activations=activations, method_state=0,
+                          baseline=0, activation_batch=batch)
 
 
 def test_choose_mode_streams_under_auto_and_refuses_what_cannot_fit():
     need = _estimate(resident_bytes=10 << 30, streamed_bytes=2 << 30)
-    assert choose_mode("auto", need, 24 << 30, "test") == "resident"
-    assert choose_mode("auto", need, 3 << 30, "test") == "streamed"
-    assert choose_mode(True, need, 3 << 30, "test") == "streamed"
+    assert choose_mode("auto", need, 24 << 30, "test") == ("resident", False)
+    assert choose_mode("auto", need, 3 << 30, "test") == ("streamed", False)
+    assert choose_mode(True, need, 3 << 30, "test") == ("streamed", False)
     with pytest.raises(ModelCheckError, match="model.streaming=true"):
         choose_mode(False, need, 3 << 30, "test")
     with pytest.raises(ModelCheckError, match="even streamed"):
         choose_mode("auto", need, 1 << 30, "test")
+
+
+def test_choose_mode_spills_activations_that_do_not_fit_beside_the_layer():
+    # 2 GiB streamed, of which 1.5 GiB activations; one batch in and out: 2 x 64 MiB
+    need = _estimate(resident_bytes=10 << 30, streamed_bytes=2 << 30, activations=3 << 29, batch=64 << 20)
+    assert choose_mode(True, need, 3 << 30, "test") == ("streamed", False)
+    assert choose_mode(True, need, 1 << 30, "test") == ("streamed", True)
+    with pytest.raises(ModelCheckError, match="even streamed"):
+        choose_mode(True, need, 256 << 20, "test")
+
+
+def test_spilled_activations_are_file_backed_and_change_nothing(tiny_model_dirs, tmp_path):
+    path = tiny_model_dirs["llama"]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    calibration = token_ids(8, 32, seed=3)
+    reference, model = resident(path), streamed(path, tmp_path)
+    store = store_of(model)
+    store.spill_dir = tmp_path / "spill"
+    adapter = ModelAdapter(model)
+    inputs = capture_layer_inputs(adapter, calibration, batch_size=2)
+    assert all(h.untyped_storage().filename for h in inputs.hidden)  # mapped from (unlinked) files
+    assert list(store.spill_dir.iterdir()) == []  # nothing left on disk: unlinked once mapped
+    want = prunelab.prune(reference, tokenizer, "sparsegpt", 0.5, calibration, progress=False)
+    got = prunelab.prune(model, tokenizer, "sparsegpt", 0.5, calibration, progress=False)
+    assert got["sparsity"] == want["sparsity"]
+    assert_same_weights(reference, store.save_checkpoint(tmp_path / "pruned"))
+    windows = token_ids(1, 4 * 32, seed=5)
+    assert window_nlls(model, windows, 32, batch_size=2, progress=False) == window_nlls(
+        reference, windows, 32, batch_size=2, progress=False)
 
 
 def test_run_records_mode_and_stage_peaks(tmp_path):
@@ -250,3 +279,15 @@ def test_evaluators_find_the_device_of_an_offloaded_embedding(tiny_model_dirs, t
     windows = token_ids(1, 3 * 32)
     assert window_nlls(offloaded, windows, 32, progress=False) == window_nlls(resident(path), windows, 32,
                                                                               progress=False)
+
+
+def test_shards_written_one_tensor_at_a_time_read_back_with_safetensors(tmp_path):
+    from safetensors.torch import load_file
+
+    from prunelab.models.safetensors_files import write_shard
+
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(4, 6).to(torch.bfloat16).t(),  # strided
+               "c": torch.zeros(0), "d": torch.arange(7, dtype=torch.int64)}
+    write_shard(tmp_path / "x.safetensors", tensors)
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)

@@ -174,10 +174,15 @@ def render(table: pd.DataFrame, comparisons: list[dict], args) -> str:
     return "\n".join(lines) + "\n"
 
 
+RUNS = {"streamed": (True, True), "capped": (False, True), "resident": (False, False)}  # (streaming, capped)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["A", "B"], choices=sorted(MODELS))
     parser.add_argument("--methods", nargs="+", default=["wanda", "sparsegpt"])
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS),
+                        help="which runs to (re)do; the others are read from --work")
     parser.add_argument("--work", type=Path, default=Path("/tmp/prunelab-streaming-benchmark"))
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     parser.add_argument("--nsamples", type=int, default=16)
@@ -187,40 +192,42 @@ def main() -> None:
     parser.add_argument("--eval-batch", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--save-models", action="store_true", help="save both pruned models and compare "
-                        "every tensor (model A)")
-    parser.add_argument("--skip-resident", nargs="*", default=[], help="models whose uncapped resident run "
-                        "is skipped (no CPU-time ratio)")
+                        "every tensor")
     args = parser.parse_args()
-    csv = args.out / "streaming_benchmark.csv"
-    rows = pd.read_csv(csv).to_dict("records") if csv.exists() else []
-    comparisons: list[dict] = []
+    done = args.work / "results"
+    done.mkdir(parents=True, exist_ok=True)
     for model in args.models:
         folder = build_model(model, args.work / "models" / model)
         cap = MODELS[model]["cap_gib"]
         for method in args.methods:
-            rows = [r for r in rows if not (r["model"] == model and r["method"] == method)]
-            streamed = run_cli(f"{model}-{method}-streamed", folder, method, True, cap, args.work, args)
-            capped = run_cli(f"{model}-{method}-resident-capped", folder, method, False, cap, args.work, args)
-            results = [("streamed", cap, streamed), ("resident", cap, capped)]
-            if model not in args.skip_resident:
-                resident = run_cli(f"{model}-{method}-resident", folder, method, False, None, args.work, args)
-                results.append(("resident", None, resident))
-                if resident["record"].get("status") == "completed" and streamed["record"].get("status") == "completed":
-                    comparisons.append({"model": model, "method": method,
-                                        **compare_outputs(streamed["record"], resident["record"])})
-            new = [row(model, method, mode, c, r) for mode, c, r in results]
-            base = next((r for r in new if r["mode"] == "resident" and r["cap_gib"] == "none"
-                         and r["status"] == "completed"), None)
-            for r in new:
-                r["cpu_vs_resident"] = round(r["cpu_s"] / base["cpu_s"], 2) if base and r["status"] == "completed" else None
-            rows += new
-            table = pd.DataFrame(rows)
-            args.out.mkdir(parents=True, exist_ok=True)
-            table.to_csv(csv, index=False)
-            print(render(table, comparisons, args))
-    (args.out / "streaming_benchmark.md").write_text(render(pd.DataFrame(rows), comparisons, args))
-    if comparisons:
-        (args.out / "streaming_benchmark_equality.json").write_text(json.dumps(comparisons, indent=1) + "\n")
+            for run in args.runs:
+                streaming, capped = RUNS[run]
+                tag = f"{model}-{method}-{run}"
+                result = run_cli(tag, folder, method, streaming, cap if capped else None, args.work, args)
+                result["row"] = row(model, method, "streamed" if streaming else "resident",
+                                    cap if capped else None, result)
+                (done / f"{tag}.json").write_text(json.dumps(result, default=str))
+                print(tag, result["row"]["status"], f"{result['cpu_s']:.0f} s CPU", flush=True)
+    rows, comparisons = [], []
+    for model in MODELS:
+        for method in ("wanda", "sparsegpt"):
+            results = {run: json.loads((done / f"{model}-{method}-{run}.json").read_text())
+                       for run in RUNS if (done / f"{model}-{method}-{run}.json").exists()}
+            base = results.get("resident")
+            for run, result in results.items():
+                r = result["row"]
+                ok = base and base["row"]["status"] == "completed" and r["status"] == "completed"
+                r["cpu_vs_resident"] = round(r["cpu_s"] / base["row"]["cpu_s"], 2) if ok else None
+                rows.append(r)
+            streamed = results.get("streamed")
+            if base and streamed and all(x["record"].get("status") == "completed" for x in (base, streamed)):
+                comparisons.append({"model": model, "method": method,
+                                    **compare_outputs(streamed["record"], base["record"])})
+    table = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "streaming_benchmark.csv", index=False)
+    (args.out / "streaming_benchmark.md").write_text(render(table, comparisons, args))
+    print((args.out / "streaming_benchmark.md").read_text())
 
 
 if __name__ == "__main__":

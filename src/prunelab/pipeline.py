@@ -139,7 +139,8 @@ def memory_request(setup: RunSetup) -> MemoryRequest:
     state = getattr(setup.pruning, "layer_state_bytes", default_state_bytes)
     budget = int(setup.memory_budget_gb * GIB) if setup.memory_budget_gb else None
     work_dir = (Path(setup.output_dir) / "streamed_layers") if setup.output_dir else None
-    return MemoryRequest(calib.nsamples * calib.seqlen, state, budget, work_dir)
+    return MemoryRequest(calib.nsamples * calib.seqlen, setup.calibration_batch_size * calib.seqlen, state,
+                         budget, work_dir)
 
 
 def check_streamable(setup: RunSetup) -> None:

@@ -81,9 +81,11 @@ def capture_layer_inputs(
     hidden: list[torch.Tensor] = []
     kwargs: list[dict[str, Any]] = []
 
+    keep = adapter.store.keep_activation if adapter.streamed else (lambda t: t)  # streamed: may spill
+
     def hook(_module: nn.Module, args: tuple, layer_kwargs: dict):
         h = args[0] if args else layer_kwargs.pop("hidden_states")
-        hidden.append(h.detach() if storage is None else h.detach().to(storage))
+        hidden.append(keep(h.detach() if storage is None else h.detach().to(storage)))
         kwargs.append({k: v for k, v in layer_kwargs.items() if k != "hidden_states"})
         raise _InputsCaptured
 
@@ -104,7 +106,9 @@ def capture_layer_inputs(
 class LayerStep:
     """One visit of one decoder layer: run samples through it, observe, change it."""
 
-    def __init__(self, index: int, layer: nn.Module, inputs: LayerInputs, device: torch.device, keep: bool):
+    def __init__(self, index: int, layer: nn.Module, inputs: LayerInputs, device: torch.device, keep: bool,
+                 store_output: Callable[[torch.Tensor], torch.Tensor] = lambda t: t):
+        self.store_output = store_output  # a streamed model's activations may spill to disk
         self.index = index
         self.layer = layer
         self.inputs = inputs
@@ -124,7 +128,7 @@ class LayerStep:
         for h, kw in zip(self.inputs.hidden, self.inputs.kwargs):
             out = ModelAdapter.call_layer(self.layer, h.to(self.device), move_to(kw, self.device))
             if keep:
-                outputs.append(out.to(h.device))
+                outputs.append(self.store_output(out.to(h.device)))
         if keep and self.dense_outputs is None:
             self.dense_outputs = outputs
         return outputs if keep else None
@@ -187,7 +191,8 @@ class LayerSequentialRunner:
                 device = self.device or home
                 if not streamed:
                     layer.to(device)
-                step = LayerStep(index, layer, self.inputs, device, keep=self.propagate == "dense")
+                step = LayerStep(index, layer, self.inputs, device, keep=self.propagate == "dense",
+                                 store_output=self.adapter.store.keep_activation if streamed else (lambda t: t))
                 if index in self.layer_indices:
                     yield step
                 if self.propagate == "dense" and step.dense_outputs is not None:

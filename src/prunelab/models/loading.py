@@ -27,7 +27,7 @@ from prunelab.models.checks import (
 from prunelab.models.memory import choose_mode, default_state_bytes, detected_budget, estimate
 from prunelab.models.identity import identity_digest, weight_file_hashes
 from prunelab.models.spec import ModelSpec
-from prunelab.models.streaming import streamed_skeleton
+from prunelab.models.streaming import store_of, streamed_skeleton
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ class MemoryRequest:
     (`model.streaming=auto`) and refuse a run that cannot fit, before any weight is read."""
 
     activation_tokens: int  # calibration sequences x length (or the evaluation's, if larger)
+    batch_tokens: int | None = None  # one calibration batch (what stays in memory when spilled)
     state_bytes: Callable[[int, int], int] = default_state_bytes  # the method's, per [out, in] linear
     budget_bytes: int | None = None  # runtime.memory_budget_gb; None: detected (models.memory)
     work_dir: Path | None = None  # where a streamed run writes its changed layers
@@ -86,13 +87,14 @@ def choose_memory_mode(spec: ModelSpec, config, memory: MemoryRequest | None) ->
     if memory is None:
         return ("streamed" if spec.streaming is True else "resident"), None
     need = estimate(config, _checkpoint_dtype(config, spec.dtype), memory.activation_tokens,
-                    memory.state_bytes)
+                    memory.state_bytes, memory.batch_tokens)
     budget, origin = ((memory.budget_bytes, "runtime.memory_budget_gb") if memory.budget_bytes
                       else detected_budget())
     if os.environ.get(SKIP_MEMORY_CHECK):
         budget = None if spec.streaming != "auto" else budget
-    mode = choose_mode(spec.streaming, need, budget, origin)
-    return mode, {"estimate_bytes": need.as_dict(), "budget_bytes": budget, "budget_from": origin}
+    mode, spill = choose_mode(spec.streaming, need, budget, origin)
+    return mode, {"estimate_bytes": need.as_dict(), "budget_bytes": budget, "budget_from": origin,
+                  "activations_spilled": spill}
 
 
 def load_model(spec: ModelSpec, cache_dir: str | Path | None = None,
@@ -157,6 +159,10 @@ def _load_streamed(spec: ModelSpec, source: str, config, architecture, device: t
     model = guarded("the model weights", source, lambda: streamed_skeleton(
         source, config, _checkpoint_dtype(config, spec.dtype), device, architecture, work_dir))
     apply_saved_boundary_operators(model, source)
+    if memory_record and memory_record.get("activations_spilled"):
+        store_of(model).spill_dir = work_dir / "activations"
+        log.info("calibration activations (%.2f GiB) exceed the budget beside the layer: spilled to %s",
+                 memory_record["estimate_bytes"]["activations"] / 1024**3, work_dir / "activations")
     tokenizer = guarded("the tokenizer", spec.tokenizer or source,
                         lambda: AutoTokenizer.from_pretrained(spec.tokenizer or source, **hub_kwargs))
     return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, str(source),

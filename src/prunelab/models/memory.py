@@ -6,7 +6,9 @@ layer 0, one decoder layer while a pass visits it, an untied head while logits a
 it, two activation buffers (the calibration set entering and leaving the current layer) and the
 method's per-layer state (SparseGPT's Hessian and its inverse; the mask's sort buffers). A
 resident run holds every weight instead. The shapes
-come from the config on the meta device: nothing is allocated to estimate.
+come from the config on the meta device: nothing is allocated to estimate. When the activations
+do not fit beside the layer, a streamed run spills them to file-backed mappings
+(`LayerStore.keep_activation`) and keeps one batch in memory.
 
 The budget is `runtime.memory_budget_gb` when set, else what this process may use: the smallest of
 its data limit (`ulimit -d`, `prlimit --data`), its cgroup's memory limit (a SLURM job's `--mem`)
@@ -105,8 +107,16 @@ class MemoryEstimate:
         return (self.outside_layers + self.largest_streamed + self.activations + self.method_state
                 + self.baseline)
 
+    activation_batch: int = 0  # one batch entering and leaving a layer (what remains when spilled)
+
+    @property
+    def streamed_spilled(self) -> int:
+        """The streamed peak with the activations in file-backed mappings: one batch in memory."""
+        return self.streamed - self.activations + 2 * self.activation_batch
+
     def as_dict(self) -> dict[str, int]:
-        return {**asdict(self), "resident": self.resident, "streamed": self.streamed}
+        return {**asdict(self), "resident": self.resident, "streamed": self.streamed,
+                "streamed_spilled": self.streamed_spilled}
 
 
 @dataclass(frozen=True)
@@ -168,37 +178,46 @@ def default_state_bytes(out_features: int, in_features: int) -> int:
 
 
 def estimate(config, dtype: torch.dtype, activation_tokens: int,
-             state_bytes: Callable[[int, int], int] = default_state_bytes) -> MemoryEstimate:
+             state_bytes: Callable[[int, int], int] = default_state_bytes,
+             batch_tokens: int | None = None) -> MemoryEstimate:
     """The run's peak by part; `activation_tokens` is calibration sequences x length (or the
     evaluation's, whichever is larger); `state_bytes(out, in)` the method's state for one linear."""
     sizes = model_sizes(config, dtype)
     hidden = int(config.hidden_size)
-    activations = 2 * activation_tokens * hidden * torch.empty((), dtype=dtype).element_size()  # in, out
+    size = torch.empty((), dtype=dtype).element_size()
+    activations = 2 * activation_tokens * hidden * size  # the layer's inputs and outputs
+    batch = 2 * (batch_tokens or activation_tokens) * hidden * size
     state = max((state_bytes(o, i) for o, i in sizes.linears), default=0)
     return MemoryEstimate(sizes.whole, sizes.resident_outside, sizes.largest_layer,
                           max(sizes.largest_layer, sizes.largest_outside), activations, state,
-                          private_memory())
+                          private_memory(), min(batch, activations))
 
 
 def choose_mode(streaming: bool | str, need: MemoryEstimate, budget: int | None, budget_source: str
-                ) -> str:
-    """"resident" or "streamed" for `model.streaming` (true | false | auto) under the budget; a
-    run that cannot fit even streamed is refused here, in one line, before any work."""
+                ) -> tuple[str, bool]:
+    """("resident" | "streamed", whether the activations spill to disk) for `model.streaming`
+    (true | false | auto) under the budget. A streamed run whose activations do not fit beside the
+    layer spills them; a run that cannot fit even then is refused here, in one line, before any
+    work."""
     mode = ("streamed" if streaming is True else "resident" if streaming is False
             else "streamed" if budget is not None and need.resident > budget else "resident")
     if budget is None:
-        return mode
-    peak = need.streamed if mode == "streamed" else need.resident
-    if peak <= budget:
-        return mode
+        return mode, False
+    if mode == "resident":
+        if need.resident <= budget:
+            return mode, False
+        if need.streamed_spilled <= budget:
+            raise ModelCheckError(f"the model needs about {gib(need.resident)} in memory but the budget is "
+                                  f"{gib(budget)} ({budget_source}); model.streaming=true (or auto) reads one "
+                                  f"decoder layer at a time and needs about "
+                                  f"{gib(need.streamed if need.streamed <= budget else need.streamed_spilled)}")
+    elif need.streamed <= budget:
+        return mode, False
+    elif need.streamed_spilled <= budget:
+        return mode, True
     parts = (f"the largest module read at once {gib(need.largest_streamed)} + the rest outside the "
-             f"layers {gib(need.outside_layers)} + "
-             f"activations {gib(need.activations)} + method state {gib(need.method_state)} + "
-             f"process {gib(need.baseline)}")
-    if mode == "resident" and need.streamed <= budget:
-        raise ModelCheckError(f"the model needs about {gib(need.resident)} in memory but the budget is "
-                              f"{gib(budget)} ({budget_source}); model.streaming=true (or auto) reads one "
-                              f"decoder layer at a time and needs about {gib(need.streamed)}")
-    raise ModelCheckError(f"even streamed, this run needs about {gib(need.streamed)} ({parts}) but the "
-                          f"budget is {gib(budget)} ({budget_source}); use fewer calibration samples "
-                          f"(data.calibration.nsamples), a smaller dtype, or more memory")
+             f"layers {gib(need.outside_layers)} + one batch of activations {gib(2 * need.activation_batch)} "
+             f"+ method state {gib(need.method_state)} + process {gib(need.baseline)}")
+    raise ModelCheckError(f"even streamed, this run needs about {gib(need.streamed_spilled)} ({parts}) but "
+                          f"the budget is {gib(budget)} ({budget_source}); use a smaller calibration batch "
+                          f"(runtime.calibration_batch_size), a smaller dtype, or more memory")

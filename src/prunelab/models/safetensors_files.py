@@ -99,13 +99,32 @@ def read_tensor(location: TensorLocation, device: torch.device | str = "cpu") ->
     return tensor if torch.device(device).type == "cpu" else tensor.to(device)
 
 
-def write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """One safetensors shard, written to a temporary name then renamed (no half-written shard)."""
-    from safetensors.torch import save_file
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
+
+def write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """One safetensors shard, written to a temporary name then renamed (no half-written shard).
+
+    Each tensor's bytes go to the file from its own buffer: `safetensors.torch.save_file` first
+    copies every tensor into a bytes object, which doubles the memory a shard needs."""
+    tensors = {name: t.detach().cpu() for name, t in tensors.items()}
+    header: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _NAMES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the format aligns the data to 8 bytes
     tmp = path.with_name(path.name + ".partial")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
-              metadata={"format": "pt"})
+    with open(tmp, "wb") as handle:
+        handle.write(struct.pack("<Q", len(encoded)))
+        handle.write(encoded)
+        for tensor in tensors.values():
+            if tensor.numel():
+                flat = tensor.contiguous().view(-1).view(torch.uint8)  # a copy only if strided
+                handle.write(memoryview(flat.numpy()))
     tmp.replace(path)
 
 

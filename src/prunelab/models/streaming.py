@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import logging
 import shutil
 import weakref
@@ -116,6 +117,9 @@ class LayerStore:
         self.reads = self.writes = 0  # layers read from disk and written back (for the record)
         #: what evaluation passes may hold in activations at once (windows are grouped to fit)
         self.activation_budget_bytes = 2 * 1024**3
+        #: where activations spill when they do not fit beside the layer (None: kept in memory)
+        self.spill_dir: Path | None = None
+        self._spilled = itertools.count()
         _prefer_mmap_for_large_buffers()
 
     def layer_bytes(self, layer: nn.Module) -> int:
@@ -187,6 +191,18 @@ class LayerStore:
     def layers(self) -> nn.ModuleList:
         return self.model.get_submodule(self.arch.layers)
 
+    def keep_activation(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` as the runner keeps it between layers: in memory, or, with `spill_dir` set
+        (the calibration activations exceed the budget), in a file-backed shared mapping that
+        the kernel pages out as needed and that disappears with the tensor (unlinked at once)."""
+        if self.spill_dir is None or tensor.device.type != "cpu":
+            return tensor
+        self.spill_dir.mkdir(parents=True, exist_ok=True)
+        path = self.spill_dir / f"activation-{next(self._spilled):07d}.bin"
+        spilled = torch.from_file(str(path), shared=True, size=tensor.numel(), dtype=tensor.dtype)
+        os.unlink(path)
+        return spilled.view(tensor.shape).copy_(tensor)
+
     @contextmanager
     def outside_resident(self, which: str = "all") -> Iterator[None]:
         """The streamed modules outside the layers in memory: "embeddings", "head" or "all"."""
@@ -204,21 +220,25 @@ class LayerStore:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         layers = self.layers()
-        count = len(layers) + 1
+        parts = ["embeddings", "head"] if self.outside else ["all"]  # streamed ones one at a time
+        count = len(layers) + len(parts)
         shard = lambda i: f"model-{i:05d}-of-{count:05d}.safetensors"  # noqa: E731
         weight_map: dict[str, str] = {}
         total = 0
-        with self.outside_resident():
-            outside = outside_layer_tensors(self.model, self.arch)
-            write_shard(folder / shard(1), outside)
-            weight_map.update({name: shard(1) for name in outside})
-            total += sum(t.numel() * t.element_size() for t in outside.values())
-            del outside
+        for number, part in enumerate(parts, start=1):
+            with self.outside_resident(part):
+                outside = {name: t for name, t in outside_layer_tensors(self.model, self.arch).items()
+                           if not t.is_meta and name not in weight_map}
+                write_shard(folder / shard(number), outside)
+                weight_map.update({name: shard(number) for name in outside})
+                total += sum(t.numel() * t.element_size() for t in outside.values())
+                del outside
         for index, layer in enumerate(layers):
+            number = index + len(parts) + 1
             tensors = {f"{self.arch.layers}.{index}.{name}": read_tensor(loc)
                        for name, loc in self.sources[layer].items()}
-            write_shard(folder / shard(index + 2), tensors)
-            weight_map.update({name: shard(index + 2) for name in tensors})
+            write_shard(folder / shard(number), tensors)
+            weight_map.update({name: shard(number) for name in tensors})
             total += sum(t.numel() * t.element_size() for t in tensors.values())
             del tensors
             _release_freed_memory()
