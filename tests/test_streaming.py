@@ -291,3 +291,19 @@ def test_shards_written_one_tensor_at_a_time_read_back_with_safetensors(tmp_path
     write_shard(tmp_path / "x.safetensors", tensors)
     back = load_file(str(tmp_path / "x.safetensors"))
     assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_streamed_word_perplexity_equals_resident(arch, tiny_model_dirs, tmp_path):
+    """lm-eval's rolling windows (variable lengths, one per forward) through the layer runner."""
+    from tiny import TEXT
+
+    from prunelab.evaluation.perplexity import rolling_nlls
+
+    path = tiny_model_dirs[arch]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    docs = [TEXT[: 300 + 170 * i] for i in range(4)]  # several windows each, ragged last windows
+    model = streamed(path, tmp_path)
+    store_of(model).activation_budget_bytes = 40 * 2 * 32 * 4  # a few windows per group
+    expected = rolling_nlls(resident(path), tokenizer, docs, 48, progress=False)
+    assert rolling_nlls(model, tokenizer, docs, 48, progress=False) == expected

@@ -152,8 +152,6 @@ def check_streamable(setup: RunSetup) -> None:
                         "layer at once; streamable scorers: block_influence, angular, streamline, random)")
     if setup.recovery.name != "none":
         problems.append(f"recovery={setup.recovery.name}")
-    if setup.evaluation.perplexity is not None and "word" in setup.evaluation.perplexity.protocols:
-        problems.append("word perplexity (evaluation.perplexity.protocols)")
     if problems:
         raise ConfigError(f"a streamed model (model.streaming) cannot yet run {', '.join(problems)}: "
                           "use model.streaming=false, or weight pruning with token perplexity")

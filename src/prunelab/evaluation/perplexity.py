@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from prunelab.calibration.runner import LayerSequentialRunner, batched, capture_layer_inputs
+from prunelab.calibration.runner import LayerInputs, LayerSequentialRunner, batched, capture_layer_inputs
 from prunelab.data import sources
 from prunelab.data.tokens import TokenCache, eval_token_stream, tensor_sha256, tokenizer_fingerprint
 from prunelab.errors import ConfigError, DataUnavailableError
@@ -165,28 +165,61 @@ def spread_indices(total: int, n: int) -> torch.Tensor:
     return torch.div(torch.arange(n) * total, n, rounding_mode="floor")
 
 
-@torch.no_grad()
-def rolling_document_nll(model, tokenizer, text: str, max_length: int) -> float:
-    """Total NLL of a document scored in lm-eval's disjoint rolling windows."""
+def rolling_windows(tokenizer, text: str, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """(input ids, scored continuation) of each of lm-eval's disjoint rolling windows of a document."""
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
     tokens = tokenizer(text, add_special_tokens=False, verbose=False).input_ids
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    if store_of(model) is not None:
-        raise ConfigError("the word perplexity protocol runs one document window at a time through the "
-                          "whole model: not available on a streamed model (evaluation.perplexity."
-                          "protocols=[token], or model.streaming=false)")
-    device = input_device(model)
-    total = 0.0
-    windows = get_rolling_token_windows(token_list=tokens, prefix_token=prefix, max_seq_len=max_length,
-                                        context_len=1)
-    for context, continuation in map(make_disjoint_window, windows):
+    out = []
+    for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
+            token_list=tokens, prefix_token=prefix, max_seq_len=max_length, context_len=1)):
         full = (context + continuation)[-(max_length + 1):]
-        inp = torch.tensor([full[:-1]], device=device)  # [1, T]
-        logits = model(input_ids=inp, use_cache=False).logits[0]  # [T, V]
-        targets = torch.tensor(continuation, device=device)  # [len(cont)]
-        total += summed_nll(logits[-len(continuation):], targets)
-    return total
+        out.append((full[:-1], continuation))
+    return out
+
+
+@torch.no_grad()
+def rolling_document_nll(model, tokenizer, text: str, max_length: int) -> float:
+    """Total NLL of a document scored in lm-eval's disjoint rolling windows."""
+    return rolling_nlls(model, tokenizer, [text], max_length, progress=False)[0]
+
+
+@torch.no_grad()
+def rolling_nlls(model, tokenizer, texts: list[str], max_length: int, progress: bool = True) -> list[float]:
+    """Total NLL of each document in lm-eval's disjoint rolling windows, one window per forward.
+
+    A streamed model runs the windows (each its own batch of one, as in the resident loop)
+    through one decoder layer at a time, in groups that fit its activation budget."""
+    windows = [(doc, ids, cont) for doc, text in enumerate(texts)
+               for ids, cont in rolling_windows(tokenizer, text, max_length)]
+    totals = [0.0] * len(texts)
+    device = input_device(model)
+    store = store_of(model)
+    if store is None:
+        for doc, ids, continuation in tqdm(windows, desc="word ppl windows", disable=not progress, leave=False):
+            logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0]  # [T, V]
+            totals[doc] += summed_nll(logits[-len(continuation):], torch.tensor(continuation, device=device))
+        return totals
+    adapter = ModelAdapter(model)
+    per_token = 2 * adapter.hidden_size * 4  # input and output buffers
+    group: list[tuple[int, list[int], list[int]]] = []
+    for position, window in enumerate(windows):
+        group.append(window)
+        tokens = sum(len(ids) for _, ids, _ in group)
+        if tokens * per_token < store.activation_budget_bytes and position < len(windows) - 1:
+            continue
+        captured = [capture_layer_inputs(adapter, torch.tensor([ids]), 1) for _, ids, _ in group]
+        inputs = LayerInputs([c.hidden[0] for c in captured], [c.kwargs[0] for c in captured])
+        runner = LayerSequentialRunner(adapter, inputs, progress=progress, desc="word ppl layers")
+        for _ in runner:
+            pass
+        with adapter.outside_in_memory("head"):
+            for (doc, _, continuation), hidden in zip(group, runner.outputs.hidden):  # [1, T, C]
+                logits = adapter.logits_from_hidden(hidden)[0]  # [T, V]
+                totals[doc] += summed_nll(logits[-len(continuation):], torch.tensor(continuation, device=device))
+        group = []
+    return totals
 
 
 class PerplexityEvaluator:
@@ -245,11 +278,8 @@ class PerplexityEvaluator:
                 docs = sources.word_perplexity_documents(corpus, self.paths)
                 if self.spec.max_windows is not None:
                     docs = docs[: self.spec.max_windows]
-                nlls, words = [], []
-                for scored, counted in tqdm(docs, desc="word ppl documents", disable=not self.progress,
-                                            leave=False):
-                    nlls.append(rolling_document_nll(model, tokenizer, scored, seqlen))
-                    words.append(len(re.split(r"\s+", counted)))
+                nlls = rolling_nlls(model, tokenizer, [scored for scored, _ in docs], seqlen, self.progress)
+                words = [len(re.split(r"\s+", counted)) for _, counted in docs]
                 value = math.exp(sum(nlls) / sum(words))
                 stamp = {**stamp, "documents": len(docs), "words": sum(words)}
                 samples = {"unit": "document", "values": [n / w for n, w in zip(nlls, words)],

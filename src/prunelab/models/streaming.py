@@ -55,10 +55,11 @@ def _release_freed_memory() -> None:
 
 
 def _prefer_mmap_for_large_buffers() -> None:
-    """Allocations >= 1 MiB as their own mappings, returned to the OS when freed (as
-    MALLOC_MMAP_THRESHOLD_=1048576 would do), so a freed layer does not stay in the heap."""
+    """Allocations >= 256 KiB as their own mappings, returned to the OS when freed (as
+    MALLOC_MMAP_THRESHOLD_=262144 would do), so a freed layer or activation batch does not stay
+    in a fragmented heap, whose size counts against a data limit even when its pages are free."""
     try:
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 18)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass
 

@@ -50,11 +50,12 @@ def parameter_counts(adapter: ModelAdapter) -> dict[str, int]:
     total = nonzero = 0
     counted: set[int] = set()
     for part in ("embeddings", "head"):  # a streamed model reads them one at a time
-        with adapter.outside_in_memory(part):
-            for p in adapter.outside_layer_parameters():
-                if not p.is_meta and id(p) not in counted:
-                    counted.add(id(p))
-                    total, nonzero = total + p.numel(), nonzero + int(torch.count_nonzero(p))
+        with adapter.outside_in_memory(part):  # (no reference may outlive the block: no loop variable)
+            fresh = [p for p in adapter.outside_layer_parameters() if not p.is_meta and id(p) not in counted]
+            counted.update(map(id, fresh))
+            total += sum(t.numel() for t in fresh)
+            nonzero += sum(int(torch.count_nonzero(t)) for t in fresh)
+            del fresh
     for _, layer in adapter.layers_in_memory():
         total += sum(p.numel() for p in layer.parameters())
         nonzero += sum(int(torch.count_nonzero(p)) for p in layer.parameters())
