@@ -307,3 +307,11 @@ def test_streamed_word_perplexity_equals_resident(arch, tiny_model_dirs, tmp_pat
     store_of(model).activation_budget_bytes = 40 * 2 * 32 * 4  # a few windows per group
     expected = rolling_nlls(resident(path), tokenizer, docs, 48, progress=False)
     assert rolling_nlls(model, tokenizer, docs, 48, progress=False) == expected
+
+
+def test_streamed_run_refuses_gradient_allocation_before_work(tmp_path):
+    with pytest.raises(ConfigError, match="allocation=gradient"):
+        prunelab.run(["model.streaming=true", "pruning/allocation=gradient", "evaluation=ppl",
+                      f"paths.records_dir={tmp_path}", "tracking=none"])
+    record = json.loads(next(tmp_path.rglob("result.json")).read_text())
+    assert "metrics" not in record  # refused before the dense evaluation

@@ -150,11 +150,13 @@ def check_streamable(setup: RunSetup) -> None:
     if not isinstance(setup.pruning, WeightPruning) and not getattr(scorer, "streamable", False):
         problems.append(f"pruning/scorer={getattr(scorer, 'name', setup.pruning.name)} (it reads every "
                         "layer at once; streamable scorers: block_influence, angular, streamline, random)")
+    if getattr(getattr(setup.pruning, "allocation", None), "name", None) == "gradient":
+        problems.append("pruning/allocation=gradient (a backward pass through the whole model)")
     if setup.recovery.name != "none":
         problems.append(f"recovery={setup.recovery.name}")
     if problems:
         raise ConfigError(f"a streamed model (model.streaming) cannot yet run {', '.join(problems)}: "
-                          "use model.streaming=false, or weight pruning with token perplexity")
+                          "use model.streaming=false")
 
 
 def evaluate_all(evaluators: list, loaded: LoadedModel) -> dict[str, Metric]:

@@ -306,6 +306,17 @@ def forward_model(model: nn.Module) -> Iterator[nn.Module]:
         yield offloaded
 
 
+def rebuild_rotary(model: nn.Module, arch: Architecture, device: torch.device) -> None:
+    """The model-level rotary embedding rebuilt on `device`: its `inv_freq` buffers are computed at
+    construction, not stored, so a skeleton built on meta has none."""
+    if not arch.rotary:
+        return
+    parent_path, _, attr = arch.rotary.rpartition(".")
+    rotary = model.get_submodule(arch.rotary)
+    with torch.device(device):
+        setattr(model.get_submodule(parent_path), attr, type(rotary)(config=model.config))
+
+
 def streamed_outside_paths(model: nn.Module, arch: Architecture) -> list[str]:
     """Paths of the input embeddings and of the head when it is not tied to them: streamed like
     layers. A tied head shares its weight with the embeddings, and both stay in memory."""
@@ -337,11 +348,12 @@ def streamed_skeleton(source: str | Path, config, dtype: torch.dtype, device: to
                       arch: Architecture, work_dir: Path) -> nn.Module:
     """The model with its layers on meta and everything else read from `source`'s shards;
     registered so that `store_of(model)` finds its LayerStore."""
-    from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
-    with init_empty_weights():  # parameters on meta; buffers (rotary inv_freq) computed on CPU
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    _prefer_mmap_for_large_buffers()
+    with torch.device("meta"):  # nothing allocated (accelerate's init_empty_weights allocates each
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # weight, then moves it)
+    rebuild_rotary(model, arch, device)
     tensors = model_named(checkpoint_tensors(source), model, source)
     prefix = arch.layers + "."
     expected = {name for name, _ in model.named_parameters(remove_duplicate=False)}
@@ -362,6 +374,8 @@ def streamed_skeleton(source: str | Path, config, dtype: torch.dtype, device: to
         tie()
     missing = sorted(name for name, tensor in model.named_parameters()
                      if tensor.is_meta and not name.startswith(streamed_prefixes))
+    missing += sorted(name for name, tensor in model.named_buffers()  # computed, not in the checkpoint
+                      if tensor.is_meta and not name.startswith(streamed_prefixes))
     missing += sorted(name for name, _ in model.named_parameters()
                       if name.startswith(streamed_prefixes[:-1]) and name not in tensors) if len(
                           streamed_prefixes) > 1 else []
