@@ -315,3 +315,18 @@ def test_streamed_run_refuses_gradient_allocation_before_work(tmp_path):
                       f"paths.records_dir={tmp_path}", "tracking=none"])
     record = json.loads(next(tmp_path.rglob("result.json")).read_text())
     assert "metrics" not in record  # refused before the dense evaluation
+
+
+@pytest.mark.parametrize("recovery", ["replaceme", "replaceme_cosine"])
+def test_streamed_replaceme_equals_resident(recovery, tiny_model_dirs, tmp_path):
+    """Boundary states from the dense layers, the transform merged into the layer before the block."""
+    path = tiny_model_dirs["llama"]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    calibration = token_ids(8, 32, seed=7)
+    reference, model = resident(path), streamed(path, tmp_path)
+    options = dict(calibration=calibration, scorer="angular", num_layers=1, recovery=recovery, progress=False,
+                   overrides=["pruning.protect_first=1"])
+    want = prunelab.prune(reference, tokenizer, "depth", **options)
+    got = prunelab.prune(model, tokenizer, "depth", **options)
+    assert got["pruning"] == want["pruning"]
+    assert_same_weights(reference, store_of(model).save_checkpoint(tmp_path / "pruned"))

@@ -152,8 +152,8 @@ def check_streamable(setup: RunSetup) -> None:
                         "layer at once; streamable scorers: block_influence, angular, streamline, random)")
     if getattr(getattr(setup.pruning, "allocation", None), "name", None) == "gradient":
         problems.append("pruning/allocation=gradient (a backward pass through the whole model)")
-    if setup.recovery.name != "none":
-        problems.append(f"recovery={setup.recovery.name}")
+    if setup.recovery.name != "none" and not getattr(setup.recovery, "streamable", False):
+        problems.append(f"recovery={setup.recovery.name} (streamable: replaceme, replaceme_cosine)")
     if problems:
         raise ConfigError(f"a streamed model (model.streaming) cannot yet run {', '.join(problems)}: "
                           "use model.streaming=false")

@@ -62,6 +62,7 @@ def merge_transform(linear: nn.Linear, t: torch.Tensor) -> None:
 class _ReplaceMe:
     name = "replaceme"
     requires_depth = True  # repairs removed layers: needs a depth-pruning report
+    streamable = True  # boundary states through the layer runner, the transform merged into one layer
     objective = "lstsq"
 
     def __init__(self, nsamples: int | None = None):
@@ -99,7 +100,8 @@ class _ReplaceMe:
         merged = []
         for (s, e), t in zip(blocks, transforms):
             new_index = (s - 1) - sum(1 for i in removed if i < s - 1)  # layer s - 1 after removal
-            merge_transform(adapter.residual_writers(adapter.layers[new_index])[1], t)
+            with adapter.layer_in_memory(new_index) as layer:  # streamed: read, merged, written back
+                merge_transform(adapter.residual_writers(layer)[1], t)
             merged.append({"block": [s, e], "merged_into_layer": new_index,
                            "identity_distance": float((t - torch.eye(t.shape[0], dtype=t.dtype,
                                                                      device=t.device)).norm())})
