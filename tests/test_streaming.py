@@ -4,6 +4,7 @@ models compute, bit for bit: forward NLLs, masks, pruned weights, the saved chec
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -330,3 +331,30 @@ def test_streamed_replaceme_equals_resident(recovery, tiny_model_dirs, tmp_path)
     got = prunelab.prune(model, tokenizer, "depth", **options)
     assert got["pruning"] == want["pruning"]
     assert_same_weights(reference, store_of(model).save_checkpoint(tmp_path / "pruned"))
+
+
+@pytest.mark.parametrize("recovery", ["ghosted", "linear_patch_r"])
+def test_streamed_boundary_recoveries_equal_resident(recovery, tmp_path):
+    """Operators fitted from the dense boundary states, applied by the runner's layer calls (token
+    perplexity) and re-attached to accelerate's offload (zero-shot); saved beside the checkpoint."""
+    from safetensors.torch import load_file
+
+    from prunelab.models.boundary_operators import WEIGHTS_FILE
+
+    common = ["pruning=depth", "pruning/scorer=angular", "pruning.num_layers=2", f"recovery={recovery}",
+              "evaluation.zeroshot.items=30", "evaluation.zeroshot.tasks=[tb_agreement]",
+              "evaluation.perplexity.max_windows=3", "tracking=none", "runtime.progress=false",
+              "save_model=true"]
+    records = {mode: prunelab.run([f"model.streaming={mode}", f"paths.records_dir={tmp_path / mode}",
+                                   f"paths.cache_dir={tmp_path / ('cache_' + mode)}", *common])
+               for mode in ("false", "true")}
+    want, got = records["false"], records["true"]
+    assert got["memory"]["mode"] == "streamed" and got["pruning"] == want["pruning"]
+    for stage in ("dense", "pruned"):
+        for key, metric in want["metrics"][stage].items():
+            assert got["metrics"][stage][key]["samples"] == metric["samples"], key
+    saved = {mode: Path(r["saved_model"]) for mode, r in records.items()}
+    assert_same_weights(resident(saved["false"]), saved["true"])
+    ops = {mode: load_file(str(folder / WEIGHTS_FILE)) for mode, folder in saved.items()}
+    assert set(ops["true"]) == set(ops["false"]) and all(torch.equal(ops["true"][k], v)
+                                                         for k, v in ops["false"].items())

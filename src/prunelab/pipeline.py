@@ -153,7 +153,7 @@ def check_streamable(setup: RunSetup) -> None:
     if getattr(getattr(setup.pruning, "allocation", None), "name", None) == "gradient":
         problems.append("pruning/allocation=gradient (a backward pass through the whole model)")
     if setup.recovery.name != "none" and not getattr(setup.recovery, "streamable", False):
-        problems.append(f"recovery={setup.recovery.name} (streamable: replaceme, replaceme_cosine)")
+        problems.append(f"recovery={setup.recovery.name}")
     if problems:
         raise ConfigError(f"a streamed model (model.streaming) cannot yet run {', '.join(problems)}: "
                           "use model.streaming=false")
@@ -310,7 +310,8 @@ def _run(setup: RunSetup) -> dict[str, Any]:
             with clock("save"):
                 save = partial(save_for_plain_loading, save=save_recovered)  # recovery/plain_loading.py
                 if loaded.mode == "streamed":  # shard by shard, one layer in memory
-                    save = lambda model, folder: loaded.adapter.store.save_checkpoint(folder)  # noqa: E731
+                    save = partial(save_for_plain_loading, save=partial(
+                        save_recovered, save_weights=loaded.adapter.store.save_checkpoint))
                 record["saved_model"] = str(save_model_folder(
                     loaded.model, loaded.tokenizer, path.parent / "model", save))
             tracker.log_artifact(Path(record["saved_model"]), f"model-{setup.signature}-seed{setup.seed}",

@@ -23,7 +23,7 @@ from typing import Any
 
 from prunelab.errors import ConfigError
 from prunelab.evaluation.metrics import Metric
-from prunelab.models.streaming import forward_model
+from prunelab.models.offload import forward_model
 
 log = logging.getLogger(__name__)
 

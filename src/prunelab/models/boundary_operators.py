@@ -103,14 +103,19 @@ def attach(model: nn.Module, site: int | str, op: BoundaryOperator,
     container.add(site_module(adapter, site), op)
 
 
-def save_recovered(model: nn.Module, directory: str | Path, **save_kwargs: Any) -> None:
-    """save_pretrained without the operators, then the operators beside the checkpoint."""
+def save_recovered(model: nn.Module, directory: str | Path,
+                   save_weights: Callable[[Path], Any] | None = None, **save_kwargs: Any) -> None:
+    """save_pretrained without the operators, then the operators beside the checkpoint.
+    `save_weights(directory)` replaces save_pretrained (a streamed model's `save_checkpoint`)."""
     directory = Path(directory)
     container = getattr(model, ATTR, None)
     if container is not None:
         del model._modules[ATTR]
     try:
-        model.save_pretrained(directory, **{"safe_serialization": True, **save_kwargs})
+        if save_weights is not None:
+            save_weights(directory)
+        else:
+            model.save_pretrained(directory, **{"safe_serialization": True, **save_kwargs})
     finally:
         if container is not None:
             model._modules[ATTR] = container
@@ -137,6 +142,11 @@ def _has_unsaved_operators(directory: Path) -> bool:
         if path.name != WEIGHTS_FILE and any(key.startswith(ATTR + ".") for key in read_header(path)):
             return True
     return False
+
+
+def has_operators(model: nn.Module) -> bool:
+    container = getattr(model, ATTR, None)
+    return container is not None and len(container.ops) > 0
 
 
 def apply_saved_boundary_operators(model: nn.Module, directory: str | Path) -> int:

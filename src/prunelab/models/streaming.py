@@ -46,7 +46,7 @@ def store_of(model: nn.Module) -> LayerStore | None:
     return _STORES.get(model)
 
 
-def _release_freed_memory() -> None:
+def release_freed_memory() -> None:
     """Give freed heap pages back to the OS (glibc keeps ~90 MB per freed layer otherwise)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -176,7 +176,7 @@ class LayerStore:
             for name, location in self.sources[layer].items():
                 skeleton = _get_tensor(layer, name)
                 _set_tensor(layer, name, torch.empty(location.shape, dtype=skeleton.dtype, device="meta"))
-            _release_freed_memory()
+            release_freed_memory()
 
     def _write(self, layer: nn.Module) -> None:
         """The layer's current tensors into a new shard of the work folder; the sources follow."""
@@ -242,7 +242,7 @@ class LayerStore:
             weight_map.update({name: shard(number) for name in tensors})
             total += sum(t.numel() * t.element_size() for t in tensors.values())
             del tensors
-            _release_freed_memory()
+            release_freed_memory()
         write_index(folder, weight_map, total)
         self.model.config.save_pretrained(folder)
         generation = getattr(self.model, "generation_config", None)
@@ -254,56 +254,18 @@ class LayerStore:
         return folder
 
     def changed(self) -> bool:
-        """Whether the model differs from the source checkpoint (a layer written or removed)."""
+        """Whether the weights differ from the source checkpoint (a layer written or removed)."""
         return self.writes > 0 or len(self.layers()) != self.source_layers
-
-    @contextmanager
-    def offloaded(self, memory_bytes: int | None = None) -> Iterator[nn.Module]:
-        """The current model through accelerate's offload (`device_map` with `max_memory`): what
-        lm-eval's HFLM evaluates when the model does not fit. The checkpoint is the source when
-        nothing changed, else the current model saved once, shard by shard."""
-        from transformers import AutoModelForCausalLM
-
-        folder = self.source
-        if self.changed():
-            folder = self.save_checkpoint(self.work_dir / "checkpoint")
-        limit = memory_bytes or self.offload_memory_bytes()
-        key = (self.device.index or 0) if self.device.type == "cuda" else "cpu"
-        max_memory = {key: limit, **({"cpu": limit} if key != "cpu" else {})}
-        offload = self.work_dir / "offload"
-        dtype = next(iter(self.model.parameters())).dtype
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map="auto",
-                                                     max_memory=max_memory, offload_folder=str(offload))
-        model.eval()
-        try:
-            yield model
-        finally:
-            del model
-            shutil.rmtree(offload, ignore_errors=True)
-            _release_freed_memory()
 
     def offload_memory_bytes(self) -> int:
         """What offloaded evaluation keeps in memory: embeddings and head plus two layers."""
-        outside = sum(t.numel() * t.element_size() for t in outside_layer_tensors(self.model, self.arch).values())
+        outside = sum(loc.nbytes for module in self.outside.values() for loc in self.sources[module].values())
         largest = max((self.layer_bytes(layer) for layer in self.layers()), default=0)
         return outside + 2 * largest
 
     def close(self) -> None:
         """Remove the work folder (the changed layers; the run saves what it keeps first)."""
         shutil.rmtree(self.work_dir, ignore_errors=True)
-
-
-@contextmanager
-def forward_model(model: nn.Module) -> Iterator[nn.Module]:
-    """A model whose whole forward pass can run: the model itself when in memory; a streamed
-    model through accelerate's offload (lm-eval's zero-shot runs on that engine, not on a second
-    home-made forward)."""
-    store = store_of(model)
-    if store is None:
-        yield model
-        return
-    with store.offloaded() as offloaded:
-        yield offloaded
 
 
 def rebuild_rotary(model: nn.Module, arch: Architecture, device: torch.device) -> None:
@@ -420,5 +382,5 @@ def checkpoint_description(folder: str | Path) -> dict:
             "tensors": len(tensors)}
 
 
-__all__ = ["LayerStore", "store_of", "forward_model", "streamed_skeleton", "outside_layer_tensors",
+__all__ = ["LayerStore", "store_of", "streamed_skeleton", "outside_layer_tensors",
            "checkpoint_description", "model_named"]

@@ -73,6 +73,7 @@ def operator_boundaries(removed: list[int], mode: str) -> list[tuple[int, int]]:
 class Ghosted:
     name = "ghosted"
     requires_depth = True  # repairs removed layers: needs a depth-pruning report
+    streamable = True  # boundary states through the layer runner; operators are small and resident
 
     def __init__(self, nsamples: int | None = 32, eps: float = 1e-6, operators: str = "auto"):
         if nsamples is not None and nsamples < 1:

@@ -68,6 +68,7 @@ def linear_patch_matrix(scale: torch.Tensor, q: torch.Tensor | None) -> torch.Te
 
 class LinearPatch:
     requires_depth = True  # repairs removed layers: needs a depth-pruning report
+    streamable = True  # boundary states through the layer runner; operators are small and resident
     def __init__(self, rotate: bool = False, nsamples: int | None = None, reference_scale: bool = False):
         if nsamples is not None and nsamples < 1:
             raise ConfigError("recovery.nsamples must be a positive number of sequences or null")

@@ -54,9 +54,11 @@ def fold_exact_operators(model: nn.Module) -> int:
     foldable = [op for op, target in zip(container.ops, container.targets) if target is first]
     if not foldable or not embedding_fold_is_exact(model, adapter):
         return 0
-    weight = model.get_input_embeddings().weight  # [V, C]
-    for op in foldable:  # in attachment order, as the hook applies them
-        weight.copy_(op(weight))
+    with adapter.outside_in_memory("embeddings"):  # streamed: read, folded, written back
+        weight = model.get_input_embeddings().weight  # [V, C]
+        for op in foldable:  # in attachment order, as the hook applies them
+            weight.copy_(op(weight))
+        del weight
     remaining = BoundaryOperators()
     for op, target in zip(container.ops, container.targets):
         if target is not first:
