@@ -233,17 +233,19 @@ def test_streamed_run_refuses_what_it_cannot_run_yet(tmp_path):
 
 
 @pytest.mark.parametrize("arch,scorer", [("llama", "block_influence"), ("llama", "angular"),
-                                         ("qwen3", "streamline"), ("gpt_neox", "block_influence")])
+                                         ("qwen3", "streamline"), ("gpt_neox", "block_influence"),
+                                         ("opt", "shortened_magnitude"), ("mistral", "random")])
 def test_streamed_depth_pruning_equals_resident(arch, scorer, tiny_model_dirs, tmp_path):
     """Scores from hidden states, the same layers removed, the checkpoint renumbered."""
     path = tiny_model_dirs[arch]
     tokenizer = AutoTokenizer.from_pretrained(path)
     calibration = token_ids(8, 32, seed=4)
     reference, model = resident(path), streamed(path, tmp_path)
+    overrides = ["pruning.plus_rule=false"]  # 4 layers: Shortened's "+" rule would protect them all
     want = prunelab.prune(reference, tokenizer, "depth", calibration=calibration, scorer=scorer,
-                          num_layers=2, progress=False)
+                          num_layers=2, progress=False, overrides=overrides)
     got = prunelab.prune(model, tokenizer, "depth", calibration=calibration, scorer=scorer, num_layers=2,
-                         progress=False)
+                         progress=False, overrides=overrides)
     assert got["pruning"] == want["pruning"] and got["parameters"] == want["parameters"]
     folder = store_of(model).save_checkpoint(tmp_path / "pruned")
     assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 2

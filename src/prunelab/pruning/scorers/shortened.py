@@ -25,11 +25,12 @@ class BlockMagnitude:
     name = "shortened_magnitude"
     selectors = ("lowest", "contiguous")
     plus_rule = True
+    streamable = True  # one layer's weights at a time
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
         adapter = ctx.loaded.adapter
         scores = [weight_magnitude(lin.weight for lin in adapter.linears(layer).values())
-                  for layer in adapter.layers]
+                  for _, layer in adapter.layers_in_memory()]
         return LayerScores(per_layer=scores)
 
 
