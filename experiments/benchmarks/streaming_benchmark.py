@@ -163,10 +163,10 @@ def render(table: pd.DataFrame, comparisons: list[dict], args) -> str:
     shown = [c for c in ["model", "method", "mode", "cap_gib", "status", "cpu_s", "cpu_vs_resident",
                          "peak_load_mb", "peak_dense_eval_mb", "peak_prune_mb", "peak_evaluate_mb",
                          "bound_streamed_mb", "bound_whole_model_mb", "ppl_pruned", "failure"] if c in table]
-    lines.append(tabulate(table[shown].fillna(""), headers="keys", tablefmt="github", showindex=False))
+    lines.append(tabulate(table[shown].astype(object).fillna(""), headers="keys", tablefmt="github", showindex=False))
     lines += ["", "Bound parts (MB):", ""]
     parts = [c for c in table.columns if c.startswith("bound_")]
-    lines.append(tabulate(table[["model", "method", "mode", *parts]].drop_duplicates(["model", "method", "mode"])
+    lines.append(tabulate(table[["model", "method", "mode", *parts]].drop_duplicates(["model", "method", "mode"]).astype(object)
                           .fillna(""), headers="keys", tablefmt="github", showindex=False))
     if comparisons:
         lines += ["", "Streamed against resident (same model, method, calibration):", "",

@@ -78,9 +78,11 @@ class SparseGPT:
 
     @staticmethod
     def layer_state_bytes(out_features: int, in_features: int) -> int:
-        """Peak state of one linear's solve: the Hessian, its inverse and Cholesky factor (fp32
-        [in, in]), and the solver's fp32 copies of W, its mask and errors ([out, in])."""
-        return 4 * 3 * in_features * in_features + 4 * 4 * out_features * in_features
+        """Peak state of one linear's solve: three fp32 [in, in] matrices (the Hessian and, while
+        it is factored, two of its factors: `inverse_hessian_factor`), and per weight the solver's
+        fp32 copy of W (4 bytes), the mask (1) and the lazy update's product (4), with a byte of
+        slack ([out, in])."""
+        return 4 * 3 * in_features * in_features + 10 * out_features * in_features
 
     @torch.no_grad()
     def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:

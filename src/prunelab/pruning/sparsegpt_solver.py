@@ -41,7 +41,9 @@ def inverse_hessian_factor(hessian: torch.Tensor, percdamp: float = 0.01
     index = torch.arange(h.shape[0], device=h.device)
     h[index, index] += percdamp * torch.mean(torch.diag(h))
     lower = torch.linalg.cholesky(h)  # [in, in]
-    hinv = torch.cholesky_inverse(lower)  # [in, in] = (H + damp I)^-1
+    del h  # at most three [in, in] matrices alive at once (with the caller's H): what the
+    hinv = torch.cholesky_inverse(lower)  # [in, in] = (H + damp I)^-1     memory estimate assumes
+    del lower
     return torch.linalg.cholesky(hinv, upper=True), dead  # [in, in], [in]
 
 
