@@ -180,7 +180,7 @@ def test_choose_mode_streams_under_auto_and_refuses_what_cannot_fit():
 
 
 def test_choose_mode_spills_activations_that_do_not_fit_beside_the_layer():
-    # 2 GiB streamed, of which 1.5 GiB activations; one batch in and out: 2 x 64 MiB
+    # 2 GiB streamed, of which 1.5 GiB activations; one batch in and out: 64 MiB
     need = _estimate(resident_bytes=10 << 30, streamed_bytes=2 << 30, activations=3 << 29, batch=64 << 20)
     assert choose_mode(True, need, 3 << 30, "test") == ("streamed", False)
     assert choose_mode(True, need, 1 << 30, "test") == ("streamed", True)

@@ -112,7 +112,7 @@ class MemoryEstimate:
     @property
     def streamed_spilled(self) -> int:
         """The streamed peak with the activations in file-backed mappings: one batch in memory."""
-        return self.streamed - self.activations + 2 * self.activation_batch
+        return self.streamed - self.activations + self.activation_batch
 
     def as_dict(self) -> dict[str, int]:
         return {**asdict(self), "resident": self.resident, "streamed": self.streamed,
@@ -216,7 +216,7 @@ def choose_mode(streaming: bool | str, need: MemoryEstimate, budget: int | None,
     elif need.streamed_spilled <= budget:
         return mode, True
     parts = (f"the largest module read at once {gib(need.largest_streamed)} + the rest outside the "
-             f"layers {gib(need.outside_layers)} + one batch of activations {gib(2 * need.activation_batch)} "
+             f"layers {gib(need.outside_layers)} + one batch of activations {gib(need.activation_batch)} "
              f"+ method state {gib(need.method_state)} + process {gib(need.baseline)}")
     raise ModelCheckError(f"even streamed, this run needs about {gib(need.streamed_spilled)} ({parts}) but "
                           f"the budget is {gib(budget)} ({budget_source}); use a smaller calibration batch "
