@@ -72,7 +72,8 @@ def run_cli(tag: str, folder: Path, method: str, streaming: bool, cap_gib: int |
             args) -> dict:
     """One CLI run, optionally under `prlimit --data`; its record and its CPU time."""
     records = work / "records" / tag
-    shutil.rmtree(records, ignore_errors=True)
+    for stale in (records, work / "cache" / tag, work / "outputs" / tag):  # every run from scratch:
+        shutil.rmtree(stale, ignore_errors=True)  # no dense metrics or tokens cached by an earlier run
     overrides = [
         f"model.name_or_path={folder}", f"model.label={folder.name}", f"model.streaming={str(streaming).lower()}",
         "model.device=cpu", f"pruning={method}", "pruning.sparsity=0.5", "data=testbed",
