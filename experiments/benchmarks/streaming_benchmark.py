@@ -87,7 +87,7 @@ def run_cli(tag: str, folder: Path, method: str, streaming: bool, cap_gib: int |
     ]
     command = [str(Path(sys.executable).with_name("prunelab")), *overrides]
     if cap_gib:
-        command = ["prlimit", f"--data={cap_gib * 1024**3}", "--", *command]
+        command = ["prlimit", f"--data={int(cap_gib * 1024**3)}", "--", *command]
     # the capped resident run skips prunelab's refusal, so that it meets the cap itself
     skip = "1" if cap_gib and not streaming else ""
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "PRUNELAB_SKIP_MEMORY_CHECK": skip}
@@ -130,6 +130,7 @@ def row(model: str, method: str, mode: str, cap: int | None, result: dict) -> di
     estimate = memory.get("estimate_bytes", {})
     peaks = memory.get("stage_peak_rss_bytes", {})
     out = {"model": model, "method": method, "mode": mode, "cap_gib": cap or "none",
+           "calibration": record.get("labels", {}).get("calibration"),
            "status": record.get("status", "no record") if result["exit"] == 0 else
            f"failed (exit {result['exit']})", "wall_s": round(result["wall_s"], 1),
            "cpu_s": round(result["cpu_s"], 1), "max_rss_mb": round(result["max_rss_mb"])}
@@ -153,15 +154,16 @@ def render(table: pd.DataFrame, comparisons: list[dict], args) -> str:
     from tabulate import tabulate
 
     lines = ["# Streaming benchmark: models larger than the memory cap", "",
-             f"Random-init Llamas (fp32), Wanda / SparseGPT 50%, calibration {args.nsamples} x {args.seqlen} "
-             f"testbed tokens, token perplexity on {args.eval_windows} windows of {args.eval_seqlen} "
-             f"(dense and pruned), torch threads {args.threads}, 2-core machine. Command: "
-             "`python experiments/benchmarks/streaming_benchmark.py` (see its docstring).", "",
+             "Random-init Llamas (fp32), Wanda / SparseGPT 50%, calibration as the `calibration` column says "
+             f"(testbed tokens x sequences x length), token perplexity on {args.eval_windows} windows of "
+             f"{args.eval_seqlen} (dense and pruned), torch threads {args.threads}, 2-core machine shared with "
+             "a study running at nice 5. Command: `python experiments/benchmarks/streaming_benchmark.py` (see "
+             "its docstring).", "",
              "Peaks are the peak resident memory of each stage (VmHWM, reset per stage); the bound is the "
              "streamed estimate the run was admitted under: the largest module read at once (a layer, the "
              "embeddings or the head) + the final norm + two activation buffers + method state + the "
              "process's private memory before loading (VmData under a data limit).", ""]
-    shown = [c for c in ["model", "method", "mode", "cap_gib", "status", "cpu_s", "cpu_vs_resident",
+    shown = [c for c in ["model", "method", "mode", "cap_gib", "calibration", "status", "cpu_s", "cpu_vs_resident",
                          "peak_load_mb", "peak_dense_eval_mb", "peak_prune_mb", "peak_evaluate_mb",
                          "bound_streamed_mb", "bound_whole_model_mb", "ppl_pruned", "failure"] if c in table]
     lines.append(tabulate(table[shown].astype(object).fillna(""), headers="keys", tablefmt="github", showindex=False))
@@ -182,7 +184,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["A", "B"], choices=sorted(MODELS))
     parser.add_argument("--methods", nargs="+", default=["wanda", "sparsegpt"])
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS),
+    parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS),
                         help="which runs to (re)do; the others are read from --work")
     parser.add_argument("--work", type=Path, default=Path("/tmp/prunelab-streaming-benchmark"))
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
@@ -194,16 +196,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--save-models", action="store_true", help="save both pruned models and compare "
                         "every tensor")
+    parser.add_argument("--cap-gib", type=float, default=None, help="another cap than the model's (its runs "
+                        "are kept beside the ones under the model's cap)")
     args = parser.parse_args()
     done = args.work / "results"
     done.mkdir(parents=True, exist_ok=True)
     for model in args.models:
         folder = build_model(model, args.work / "models" / model)
-        cap = MODELS[model]["cap_gib"]
+        cap = args.cap_gib or MODELS[model]["cap_gib"]
         for method in args.methods:
             for run in args.runs:
                 streaming, capped = RUNS[run]
-                tag = f"{model}-{method}-{run}"
+                tag = f"{model}-{method}-{run}" + (f"-cap{cap:g}" if args.cap_gib and capped else "")
                 result = run_cli(tag, folder, method, streaming, cap if capped else None, args.work, args)
                 result["row"] = row(model, method, "streamed" if streaming else "resident",
                                     cap if capped else None, result)
@@ -212,8 +216,8 @@ def main() -> None:
     rows, comparisons = [], []
     for model in MODELS:
         for method in ("wanda", "sparsegpt"):
-            results = {run: json.loads((done / f"{model}-{method}-{run}.json").read_text())
-                       for run in RUNS if (done / f"{model}-{method}-{run}.json").exists()}
+            results = {path.stem.removeprefix(f"{model}-{method}-"): json.loads(path.read_text())
+                       for path in sorted(done.glob(f"{model}-{method}-*.json"))}
             base = results.get("resident")
             for run, result in results.items():
                 r = result["row"]
