@@ -220,14 +220,15 @@ def main() -> None:
                        for path in sorted(done.glob(f"{model}-{method}-*.json"))}
             base = results.get("resident")
             for run, result in results.items():
-                r = result["row"]
+                r = {**result["row"], "calibration": result["record"].get("labels", {}).get("calibration")}
                 ok = base and base["row"]["status"] == "completed" and r["status"] == "completed"
                 r["cpu_vs_resident"] = round(r["cpu_s"] / base["row"]["cpu_s"], 2) if ok else None
                 rows.append(r)
-            streamed = results.get("streamed")
-            if base and streamed and all(x["record"].get("status") == "completed" for x in (base, streamed)):
-                comparisons.append({"model": model, "method": method,
-                                    **compare_outputs(streamed["record"], base["record"])})
+            for run, streamed in results.items():
+                if run.startswith("streamed") and base and all(
+                        x["record"].get("status") == "completed" for x in (base, streamed)):
+                    comparisons.append({"model": model, "method": method, "cap_gib": streamed["row"]["cap_gib"],
+                                        **compare_outputs(streamed["record"], base["record"])})
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "streaming_benchmark.csv", index=False)
