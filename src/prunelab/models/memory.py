@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from prunelab.errors import ModelCheckError
+from prunelab.models.checks import free_bytes
 
 GIB = 1024**3
 #: Bytes per weight the unstructured mask's sort needs (scores, |W|, sorted values, indices, mask).
@@ -59,16 +60,6 @@ def _cgroup_limit() -> int | None:
     return None
 
 
-def _available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def detected_budget() -> tuple[int | None, str]:
     """(bytes this process may use in all, where that limit comes from), or (None, ...)."""
     limits: list[tuple[int, str]] = []
@@ -78,7 +69,7 @@ def detected_budget() -> tuple[int | None, str]:
     cgroup = _cgroup_limit()
     if cgroup is not None:
         limits.append((cgroup, "the cgroup memory limit"))
-    available = _available()
+    available = free_bytes(torch.device("cpu"))  # MemAvailable
     if available is not None:
         limits.append((available + current_rss(), "the available memory"))
     if not limits:
