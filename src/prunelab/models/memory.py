@@ -36,17 +36,22 @@ def gib(value: float) -> str:
     return f"{value / GIB:.2f} GiB"
 
 
-def current_rss(anonymous: bool = False) -> int:
-    """Resident memory of this process now (bytes); `anonymous`: only its private memory
-    (RssAnon), what a data limit or a cgroup charges, without the pages of shared libraries."""
-    key = "RssAnon:" if anonymous else "VmRSS:"
+def process_status_bytes(field: str) -> int | None:
+    """A memory field of /proc/self/status (VmRSS, RssAnon, VmData, VmHWM) in bytes; None off Linux."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
+
+
+def current_rss(anonymous: bool = False) -> int:
+    """Resident memory of this process now (bytes); `anonymous`: only its private memory
+    (RssAnon), what a data limit or a cgroup charges, without the pages of shared libraries."""
+    value = process_status_bytes("RssAnon" if anonymous else "VmRSS")
+    return value if value is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _cgroup_limit() -> int | None:
@@ -149,14 +154,8 @@ def private_memory() -> int:
     """What this process holds that counts against its limit: its data segment (VmData) under a
     data limit, else its private resident memory (RssAnon)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
-    if soft != resource.RLIM_INFINITY:
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmData:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return current_rss(anonymous=True)
+    data = process_status_bytes("VmData") if soft != resource.RLIM_INFINITY else None
+    return data if data is not None else current_rss(anonymous=True)
 
 
 def default_state_bytes(out_features: int, in_features: int) -> int:

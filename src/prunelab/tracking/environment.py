@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from prunelab.models.memory import process_status_bytes
+
 LIBRARIES = ("torch", "transformers", "tokenizers", "datasets", "lm_eval", "hydra-core", "omegaconf",
              "wandb", "accelerate", "safetensors", "numpy", "scipy", "pandas", "prunelab")
 
@@ -137,13 +139,8 @@ def reset_peak_rss() -> bool:
 
 def peak_rss() -> int:
     """Peak resident memory (bytes) since the last `reset_peak_rss`, or since the start."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = process_status_bytes("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def peak_memory() -> dict[str, int | None]:
