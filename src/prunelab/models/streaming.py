@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from prunelab.errors import ModelCheckError
 from prunelab.models.architectures import Architecture
@@ -242,7 +243,7 @@ class LayerStore:
                 weight_map.update({name: shard(number) for name in outside})
                 total += sum(t.numel() * t.element_size() for t in outside.values())
                 del outside
-        for index, layer in enumerate(layers):
+        for index, layer in enumerate(tqdm(layers, desc="saving layers", leave=False)):
             number = index + len(parts) + 1
             tensors = {f"{self.arch.layers}.{index}.{name}": read_tensor(loc)
                        for name, loc in self.sources[layer].items()}
