@@ -13,7 +13,7 @@ from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models import ModelSpec, load_model
 from prunelab.pruning.sparsegpt import SparseGPT
-from prunelab.pruning.sparsegpt_solver import sparsegpt_solve
+from prunelab.pruning.sparsegpt_solver import inverse_hessian_factor, solve_with_factor, sparsegpt_solve
 from prunelab.pruning.wanda import Wanda
 
 
@@ -94,6 +94,21 @@ def test_reference_ties_prune_k_plus_one_per_block():
     assert int(mask.sum()) == 8
     _, exact = sparsegpt_solve(w, torch.eye(4), 0.25)
     assert int(exact.sum()) == 2
+
+
+def test_factor_in_the_hessians_own_memory_is_bit_for_bit_the_copying_one():
+    w, x = problem(rows=8, cols=256, tokens=512)
+    h = 2 * x.T @ x / 512
+    h[:, 3] = h[3, :] = 0  # a dead input
+    copied, dead = inverse_hessian_factor(h, 0.01)
+    overwritten = h.clone()
+    in_place, dead_in_place = inverse_hessian_factor(overwritten, 0.01, overwrite=True)
+    assert in_place.data_ptr() == overwritten.data_ptr()  # no [in, in] copy kept
+    assert torch.equal(in_place, copied) and torch.equal(dead_in_place, dead)
+    assert torch.equal(torch.triu(copied), copied)  # the upper factor
+    for nm in (None, (2, 4)):  # one factor shared by the linears that read the same input
+        assert all(torch.equal(a, b) for a, b in zip(solve_with_factor(w, (in_place, dead), 0.5, nm),
+                                                      sparsegpt_solve(w, h, 0.5, nm)))
 
 
 def test_row_group_mask_is_chosen_up_front_with_s_of_every_row():

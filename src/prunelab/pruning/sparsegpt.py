@@ -40,7 +40,7 @@ from prunelab.errors import ConfigError
 from prunelab.models import ROLES
 from prunelab.pruning.budget import SparsityBudget, check_method_settings
 from prunelab.pruning.masks import parse_sparsity_type
-from prunelab.pruning.sparsegpt_solver import check_blocking, sparsegpt_solve
+from prunelab.pruning.sparsegpt_solver import check_blocking, inverse_hessian_factor, solve_with_factor
 
 
 class SparseGPT:
@@ -78,11 +78,11 @@ class SparseGPT:
 
     @staticmethod
     def layer_state_bytes(out_features: int, in_features: int) -> int:
-        """Peak state of one linear's solve: three fp32 [in, in] matrices (the Hessian and, while
-        it is factored, two of its factors: `inverse_hessian_factor`), and per weight the solver's
-        fp32 copy of W (4 bytes), the mask (1) and the lazy update's product (4), with a byte of
-        slack ([out, in])."""
-        return 4 * 3 * in_features * in_features + 10 * out_features * in_features
+        """Peak state of one linear's solve: two fp32 [in, in] matrices (the Hessian, factored in
+        its own memory, and the factoring's one temporary: `inverse_hessian_factor`), and per
+        weight the solver's fp32 copy of W (4 bytes), the mask (1) and the lazy update's product
+        (4), with a byte of slack ([out, in])."""
+        return 4 * 2 * in_features * in_features + 10 * out_features * in_features
 
     @torch.no_grad()
     def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:
@@ -97,12 +97,14 @@ class SparseGPT:
                 with collect_linear_inputs(role_readers(groups), Hessian) as hessians:  # one Hessian per role
                     step.forward()
                 for role, group in groups.items():
+                    # H is factored in its own memory, once for every linear it feeds (q, k, v)
+                    factor = inverse_hessian_factor(hessians.pop(role).value, self.percdamp, overwrite=True)
                     for linear in group.values():
                         ratio = budget.ratio(target, linear.weight.shape, self.group)
-                        pruned, _ = sparsegpt_solve(linear.weight, hessians[role].value, ratio, self.nm,
-                                                    self.group, self.ties, self.blocksize, self.percdamp)
+                        pruned, _ = solve_with_factor(linear.weight, factor, ratio, self.nm, self.group,
+                                                      self.ties, self.blocksize)
                         linear.weight.copy_(pruned.to(linear.weight.dtype))  # [out, in]
                         budget.record(target, linear.weight)
-                    del hessians[role]  # free [in, in] before the next role's solve
+                    del factor  # free [in, in] before the next role's solve
         details = {"allocation": allocation_details(self.allocation, layer_targets)}
         return PruneReport(layer_targets=list(layer_targets), details=details)

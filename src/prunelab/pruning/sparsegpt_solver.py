@@ -28,23 +28,26 @@ from prunelab.scoring.weights import obs_scores
 ADAPTIVE_WIDTH = 128  # the block128 mask group
 
 
-def inverse_hessian_factor(hessian: torch.Tensor, percdamp: float = 0.01
+def inverse_hessian_factor(hessian: torch.Tensor, percdamp: float = 0.01, overwrite: bool = False
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(upper Cholesky factor of (H + damp I)^-1, dead-input mask), as the reference prepares it.
 
     Dead inputs (H_dd = 0: a channel that never fired) get H_dd = 1; damp = percdamp x mean diag H.
-    hessian: [in, in], not modified.
+    hessian: [in, in]. `overwrite=True` damps and factors it in its own memory, as the reference
+    does (H is lost; the factor is returned in its storage): one [in, in] matrix beside it at the
+    peak instead of two, for a caller that prunes every linear fed by H with this one factor.
     """
-    h = hessian.detach().clone().float()  # [in, in]
+    h = hessian.detach()
+    if not (overwrite and h.dtype == torch.float32):
+        h = h.clone().float()  # [in, in]
     dead = torch.diag(h) == 0  # [in]
     h[dead, dead] = 1
     index = torch.arange(h.shape[0], device=h.device)
     h[index, index] += percdamp * torch.mean(torch.diag(h))
-    lower = torch.linalg.cholesky(h)  # [in, in]
-    del h  # at most three [in, in] matrices alive at once (with the caller's H): what the
-    hinv = torch.cholesky_inverse(lower)  # [in, in] = (H + damp I)^-1     memory estimate assumes
-    del lower
-    return torch.linalg.cholesky(hinv, upper=True), dead  # [in, in], [in]
+    torch.linalg.cholesky(h, out=h)  # lower factor L of H + damp I, in place
+    torch.cholesky_inverse(h, out=h)  # (H + damp I)^-1 = (L L^T)^-1
+    torch.linalg.cholesky(h, upper=True, out=h)  # its upper factor
+    return h, dead  # [in, in], [in]
 
 
 def check_blocking(blocksize: int, group: str, nm: tuple[int, int] | None) -> None:
@@ -69,12 +72,22 @@ def sparsegpt_solve(weight: torch.Tensor, hessian: torch.Tensor, sparsity: float
     Returns:
         (pruned weights [out, in] fp32, mask [out, in] True where pruned).
     """
+    factor = inverse_hessian_factor(hessian.to(weight.device), percdamp)
+    return solve_with_factor(weight, factor, sparsity, nm, group, ties, blocksize)
+
+
+@torch.no_grad()
+def solve_with_factor(weight: torch.Tensor, factor: tuple[torch.Tensor, torch.Tensor], sparsity: float,
+                      nm: tuple[int, int] | None = None, group: str = "block128", ties: str = "exact",
+                      blocksize: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sparsegpt_solve` from `inverse_hessian_factor(H)`: the linears that read the same input
+    (q, k, v; gate, up) share H and so its factor."""
     if group not in GROUPS:
         raise ValueError(f"group={group!r} is not one of {GROUPS}")
     check_blocking(blocksize, group, nm)
     w = weight.detach().clone().float()  # [out, in]
     rows, cols = w.shape
-    hinv, dead = inverse_hessian_factor(hessian.to(w.device), percdamp)  # [in, in], [in]
+    hinv, dead = factor  # [in, in], [in]
     w[:, dead] = 0
     diag = torch.diag(hinv)  # [in]
     if nm is None and group != "block128":  # chosen once, before any update
