@@ -107,3 +107,33 @@ def test_hub_eval_streams_follow_the_reference_joins(tokenizer, monkeypatch):
     ptb = eval_token_stream("ptb", tokenizer, seqlen=8)
     assert torch.equal(ptb, tokenizer(" ".join(rows), return_tensors="pt").input_ids)
     assert calls[-1][:3] == ("ptb_text_only", "penn_treebank", "test")
+
+
+
+@pytest.fixture()
+def long_texts_in_child(monkeypatch):
+    from prunelab.data import tokens
+
+    monkeypatch.setattr(tokens, "CHILD_MIN_CHARS", 1000)
+    previous = tokens.tokenize_long_texts_in_child(True)
+    yield tokens
+    tokens.tokenize_long_texts_in_child(previous)
+
+
+LONG_TEXT = " ".join(f"word{i} and more text, line {i}." for i in range(400))
+
+
+def test_long_texts_tokenized_in_a_child_process_give_the_same_ids(tokenizer, long_texts_in_child, monkeypatch):
+    tokens = long_texts_in_child
+    here = tokens._encode_here(tokenizer, LONG_TEXT)
+    monkeypatch.setattr(tokens, "_encode_here", lambda *_: pytest.fail("tokenized in this process"))
+    in_child = tokens.encode(tokenizer, LONG_TEXT)
+    assert in_child.dtype == here.dtype and torch.equal(in_child, here)
+
+
+def test_a_child_that_cannot_tokenize_falls_back_to_this_process(tokenizer, long_texts_in_child, monkeypatch,
+                                                                 caplog):
+    tokens = long_texts_in_child
+    monkeypatch.setattr(tokens.sys, "executable", "/bin/false")  # the child exits with 1
+    assert torch.equal(tokens.encode(tokenizer, LONG_TEXT), tokens._encode_here(tokenizer, LONG_TEXT))
+    assert "tokenizing in a child process failed (RuntimeError: exit 1" in caplog.text

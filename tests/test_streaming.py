@@ -208,7 +208,13 @@ def test_spilled_activations_are_file_backed_and_change_nothing(tiny_model_dirs,
         reference, windows, 32, batch_size=2, progress=False)
 
 
-def test_run_records_mode_and_stage_peaks(tmp_path):
+def test_run_records_mode_and_stage_peaks(tmp_path, monkeypatch):
+    import prunelab.pipeline
+    from prunelab.data import tokens
+
+    settings = []  # long texts are tokenized in a child process during a streamed run only
+    monkeypatch.setattr(prunelab.pipeline, "tokenize_long_texts_in_child",
+                        lambda on: settings.append(on) or tokens.tokenize_long_texts_in_child(on))
     record = prunelab.run(["model.streaming=true", "evaluation=ppl", "evaluation.perplexity.max_windows=4",
                            f"paths.records_dir={tmp_path}", "tracking=none", "runtime.progress=false"])
     memory = record["memory"]
@@ -216,6 +222,7 @@ def test_run_records_mode_and_stage_peaks(tmp_path):
         "decoder_layers"]
     assert set(memory["stage_peak_rss_bytes"]) >= {"load", "dense_eval", "prune", "evaluate"}
     assert memory["estimate_bytes"]["streamed"] < memory["estimate_bytes"]["resident"]
+    assert settings == [True, False] and not tokens.tokenize_long_texts_in_child(False)
 
 
 def test_run_that_cannot_fit_is_refused_before_work(tmp_path):
@@ -234,7 +241,8 @@ def test_streamed_run_refuses_what_it_cannot_run_yet(tmp_path):
 
 @pytest.mark.parametrize("arch,scorer", [("llama", "block_influence"), ("llama", "angular"),
                                          ("qwen3", "streamline"), ("gpt_neox", "block_influence"),
-                                         ("opt", "shortened_magnitude"), ("mistral", "random")])
+                                         ("opt", "shortened_magnitude"), ("mistral", "random"),
+                                         ("llama", "swap_interchange"), ("gpt_neox", "swap_replacement")])
 def test_streamed_depth_pruning_equals_resident(arch, scorer, tiny_model_dirs, tmp_path):
     """Scores from hidden states, the same layers removed, the checkpoint renumbered."""
     path = tiny_model_dirs[arch]

@@ -30,6 +30,7 @@ import torch
 from prunelab.calibration.runner import on_layer_done
 from prunelab.context import PruneContext, PruneReport
 from prunelab.data import CalibrationSpec, DataSpec, TokenCache, calibration_samples
+from prunelab.data.tokens import tokenize_long_texts_in_child
 from prunelab.evaluation import EvaluationSpec, PerplexityEvaluator, dense_cache
 from prunelab.evaluation.metrics import Metric
 from prunelab.errors import ConfigError
@@ -149,7 +150,8 @@ def check_streamable(setup: RunSetup) -> None:
     scorer = getattr(setup.pruning, "scorer", None)
     if not isinstance(setup.pruning, WeightPruning) and not getattr(scorer, "streamable", False):
         problems.append(f"pruning/scorer={getattr(scorer, 'name', setup.pruning.name)} (it reads every "
-                        "layer at once; streamable scorers: block_influence, angular, streamline, shortened_magnitude, random)")
+                        "layer at once; streamable scorers: block_influence, angular, streamline, "
+                        "shortened_magnitude, random, swap_interchange, swap_replacement)")
     if getattr(getattr(setup.pruning, "allocation", None), "name", None) == "gradient":
         problems.append("pruning/allocation=gradient (a backward pass through the whole model)")
     if setup.recovery.name != "none" and not getattr(setup.recovery, "streamable", False):
@@ -277,6 +279,7 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         check_calibration_context(setup.data.calibration, loaded.config)
         if loaded.mode == "streamed":
             check_streamable(setup)
+            tokenize_long_texts_in_child(True)  # the encoding's freed heap would count against a data limit
             loaded.adapter.store.activation_budget_bytes = max(
                 loaded.memory["estimate_bytes"]["activations"] if loaded.memory else 0, 1 << 28)
         record["model"] = {"identity": model_identity(loaded), "key": identity_key(loaded)}
@@ -323,6 +326,7 @@ def _run(setup: RunSetup) -> dict[str, Any]:
                              "message": str(err), "traceback": traceback.format_exc()}
         raise
     finally:
+        tokenize_long_texts_in_child(False)
         clock.timings["total"] = time.perf_counter() - start
         peaks = peak_memory()
         peaks["cpu_rss_bytes"] = max([peaks["cpu_rss_bytes"] or 0, *clock.peak_rss.values()])

@@ -10,12 +10,18 @@ truncated to 256 x seqlen tokens).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
+import os
+import pickle
 import random
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save
@@ -84,9 +90,50 @@ def _read_checked(path: Path, recipe_json: str) -> tuple[torch.Tensor | None, st
     return value, ""
 
 
+#: Texts this long or longer are tokenized in a child process while `tokenize_long_texts_in_child` is on.
+CHILD_MIN_CHARS = 200_000
+_long_texts_in_child = False
+
+
+def tokenize_long_texts_in_child(enabled: bool) -> bool:
+    """Tokenize texts of `CHILD_MIN_CHARS` or more in a short-lived child process (a streamed run
+    turns this on); returns the previous setting.
+
+    A fast tokenizer encodes a text in about 300 bytes a token of small allocations (3 million
+    characters: about 210 MiB). Freed, they stay in this process's heap, whose size a data limit
+    (`prlimit --data`, `ulimit -d`) counts for the rest of the run; a child returns them to the OS
+    when it exits. The ids are the same (the same tokenizer, pickled); it costs a few seconds of
+    start-up, once per text (the token cache keeps the result)."""
+    global _long_texts_in_child
+    previous, _long_texts_in_child = _long_texts_in_child, enabled
+    return previous
+
+
 def encode(tokenizer, text: str) -> torch.Tensor:
     """[1, L] token ids, special tokens as the tokenizer adds them (the references' behaviour)."""
+    if _long_texts_in_child and len(text) >= CHILD_MIN_CHARS:
+        try:
+            return torch.from_numpy(_encode_in_child(tokenizer, text))  # [1, L]
+        except Exception as err:  # a tokenizer that does not pickle, no process to spare, ...
+            log.warning("tokenizing in a child process failed (%s: %s): tokenizing here",
+                        type(err).__name__, err)
+    return _encode_here(tokenizer, text)
+
+
+def _encode_here(tokenizer, text: str) -> torch.Tensor:
     return tokenizer(text, return_tensors="pt", verbose=False).input_ids  # long on purpose: no warning
+
+
+def _encode_in_child(tokenizer, text: str) -> np.ndarray:
+    """[1, L] int64 ids from `python -m prunelab.data.tokenize_child`."""
+    payload = pickle.dumps((tokenizer, text), protocol=pickle.HIGHEST_PROTOCOL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # as this process finds prunelab
+    done = subprocess.run([sys.executable, "-m", "prunelab.data.tokenize_child"], input=payload,
+                          capture_output=True, check=False, env=env)
+    if done.returncode != 0:
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        raise RuntimeError(f"exit {done.returncode}: {last}")
+    return np.load(io.BytesIO(done.stdout), allow_pickle=False)
 
 
 def calibration_samples(
