@@ -12,7 +12,12 @@ Efficiency: every probed sequence agrees with the dense model before its first c
 the dense hidden state entering that slot is computed once per batch and reused by every variant
 that starts there; only the suffix is run. `ProbeCost` counts layer calls against the naive cost
 (one full forward pass per variant): about 0.55 for 16 layers and distance 3, since a variant
-still runs every layer after its first changed slot. Memory: the L + 1 dense states of one batch.
+still runs every layer after its first changed slot. The variants that start at the same slot
+(at most 3 x max_distance) run their suffixes together, slot by slot, so that each layer a slot
+needs is brought into memory once for all of them: on a streamed model (`model.streaming`) one
+decoder layer is read at a time, about L^2 / 2 reads a batch. Memory: the L + 1 dense states of
+one batch (spilled to disk with the streamed model's activations) and one state per variant of
+the slot being probed.
 """
 
 from __future__ import annotations
@@ -125,17 +130,9 @@ class SwapProbe:
         self.max_distance = max_distance
         self.reduce = reduce
         self.positions = positions
-        self.device = device or next(adapter.model.parameters()).device
+        self.device = device or (adapter.store.device if adapter.streamed
+                                 else next(adapter.model.parameters()).device)
         self.progress = progress
-
-    def _suffix_logprobs(self, order: Sequence[int], start: int, hidden: torch.Tensor, kwargs: dict,
-                         cost: ProbeCost) -> torch.Tensor:
-        """Run layers order[start:] from the state entering slot `start`; return [B, T, V]."""
-        layers = self.adapter.layers
-        for slot in range(start, len(order)):
-            hidden = self.adapter.call_layer(layers[order[slot]], hidden, kwargs)
-            cost.layer_calls += 1
-        return F.log_softmax(self.adapter.logits_from_hidden(hidden).float(), dim=-1)
 
     @torch.no_grad()
     def run(self, inputs: LayerInputs) -> SwapProbeResult:
@@ -145,6 +142,12 @@ class SwapProbe:
         # variants keyed by (kind, a, b): interchange (i, j); replacement (slot, source)
         variants = [("int", i, j) for i, j in pairs] + [("rep", i, j) for i, j in pairs] + \
                    [("rep", j, i) for i, j in pairs]
+        orders = {v: interchange_order(n, v[1], v[2]) if v[0] == "int" else replacement_order(n, v[1], v[2])
+                  for v in variants}
+        starting: dict[int, list[tuple[str, int, int]]] = {}  # first changed slot -> its variants
+        for kind, a, b in variants:
+            starting.setdefault(min(a, b) if kind == "int" else a, []).append((kind, a, b))
+        keep = self.adapter.store.keep_activation if self.adapter.streamed else (lambda t: t)
         totals = {v: 0.0 for v in variants}
         count = 0
         cost = ProbeCost()
@@ -152,20 +155,37 @@ class SwapProbe:
         for hidden0, kwargs in tqdm(batches, desc="swap probe", disable=not self.progress, leave=False):
             kwargs = move_to(kwargs, self.device)
             states = [hidden0.to(self.device)]  # states[s]: dense hidden state entering slot s
-            for layer in self.adapter.layers:
-                states.append(self.adapter.call_layer(layer, states[-1], kwargs))
+            for _, layer in self.adapter.layers_in_memory():
+                states.append(keep(self.adapter.call_layer(layer, states[-1], kwargs)))
             cost.layer_calls += n
             dense = F.log_softmax(self.adapter.logits_from_hidden(states[-1]).float(), dim=-1)
             dense_probs = dense.exp()  # [B, T, V], shared by every variant
-            for kind, a, b in variants:
-                order = interchange_order(n, a, b) if kind == "int" else replacement_order(n, a, b)
-                first = min(a, b) if kind == "int" else a
-                logprobs = self._suffix_logprobs(order, first, states[first], kwargs, cost)
-                kl = token_kl(dense, logprobs, self.positions, ref_probs=dense_probs)  # [B]
-                totals[(kind, a, b)] += float(kl.sum())
+            for first, group in sorted(starting.items()):
+                hidden = self._run_suffixes(group, orders, first, states[first], kwargs, cost)
+                with self.adapter.outside_in_memory("head"):
+                    for variant in group:
+                        logprobs = F.log_softmax(self.adapter.logits_from_hidden(hidden.pop(variant)).float(),
+                                                 dim=-1)  # [B, T, V]
+                        kl = token_kl(dense, logprobs, self.positions, ref_probs=dense_probs)  # [B]
+                        totals[variant] += float(kl.sum())
             count += hidden0.shape[0]
             cost.naive_layer_calls += n * (1 + len(variants))
         return self._assemble(n, pairs, {k: v / count for k, v in totals.items()}, cost)
+
+    def _run_suffixes(self, group: list, orders: dict, first: int, entering: torch.Tensor, kwargs: dict,
+                      cost: ProbeCost) -> dict:
+        """The hidden states after the last layer of the variants in `group`, which all leave the
+        dense order at slot `first` (and so start from the dense state `entering` it): slot by
+        slot, each layer needed at a slot in memory once for every variant that runs it there."""
+        hidden = {variant: entering for variant in group}
+        for slot in range(first, len(orders[group[0]])):
+            for index in sorted({orders[variant][slot] for variant in group}):
+                with self.adapter.layer_in_memory(index) as layer:
+                    for variant in group:
+                        if orders[variant][slot] == index:
+                            hidden[variant] = self.adapter.call_layer(layer, hidden[variant], kwargs)
+                            cost.layer_calls += 1
+        return hidden
 
     def _assemble(self, n: int, pairs: list[tuple[int, int]], mean_kl: dict, cost: ProbeCost) -> SwapProbeResult:
         nan = float("nan")

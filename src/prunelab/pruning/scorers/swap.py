@@ -26,6 +26,7 @@ PROTOCOLS = ("interchange", "replacement")
 class SwapKL:
     selectors = ("nonadjacent", "lowest")
     plus_rule = False
+    streamable = True  # the probe brings one decoder layer into memory at a time (`layer_in_memory`)
 
     def __init__(self, protocol: str = "interchange", max_distance: int = 3, reduce: str = "max",
                  positions: str = "all", nsamples: int | None = None, batch_size: int | None = 8):
