@@ -74,6 +74,8 @@ def main() -> int:
     parser.add_argument("--seqlen", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--methods", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),
+                        help="re-measure these methods; the other methods' rows are kept from the CSV")
     parser.add_argument("--render-only", action="store_true",
                         help="rewrite the markdown from the CSV")
     args = parser.parse_args()
@@ -92,8 +94,10 @@ def main() -> int:
               f"{args.seqlen} tokens (seed {args.seed}); fp32, CPU ({cpu}), torch "
               f"{torch.__version__}, {args.threads} thread(s)")
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for method, settings in SETTINGS.items():
+    kept = pd.read_csv(csv) if csv.exists() and set(args.methods) != set(SETTINGS) else None
+    kept = kept[~kept["method"].isin(args.methods)] if kept is not None else None
+    rows = kept.to_dict("records") if kept is not None else []
+    for method, settings in ((m, SETTINGS[m]) for m in args.methods):
         for sparsity_type in SPARSITY_TYPES:
             start = time.perf_counter()
             oracle = oracle_run(loaded, method, token_ids, 0.5, sparsity_type)
@@ -108,7 +112,8 @@ def main() -> int:
                 shown = ("method", "sparsity", "setting", "differing_entries",
                          "layers_with_differences", "max_abs_dW", "seconds_prunelab")
                 print({k: row[k] for k in shown}, flush=True)
-                table = pd.DataFrame(rows)
+                order = list(SETTINGS)  # the table in method order whatever was re-measured
+                table = pd.DataFrame(rows).sort_values("method", key=lambda c: c.map(order.index), kind="stable")
                 table.to_csv(csv, index=False)
                 md.write_text(render(table, header))
             del oracle

@@ -162,7 +162,10 @@ def render(table: pd.DataFrame, comparisons: list[dict], args) -> str:
              "Peaks are the peak resident memory of each stage (VmHWM, reset per stage); the bound is the "
              "streamed estimate the run was admitted under: the largest module read at once (a layer, the "
              "embeddings or the head) + the final norm + two activation buffers + method state + the "
-             "process's private memory before loading (VmData under a data limit).", ""]
+             "process's private memory before loading (VmData under a data limit). The two are not the same "
+             "measure: RSS counts the pages of the shared libraries (about 90 MB here), the bound and the cap "
+             "(`prlimit --data`) count the data segment, reserved as well as touched; a run completing under "
+             "the cap is what shows it fits.", ""]
     shown = [c for c in ["model", "method", "mode", "cap_gib", "calibration", "status", "cpu_s", "cpu_vs_resident",
                          "peak_load_mb", "peak_dense_eval_mb", "peak_prune_mb", "peak_evaluate_mb",
                          "bound_streamed_mb", "bound_whole_model_mb", "ppl_pruned", "failure"] if c in table]
@@ -173,7 +176,8 @@ def render(table: pd.DataFrame, comparisons: list[dict], args) -> str:
                           .fillna(""), headers="keys", tablefmt="github", showindex=False))
     if comparisons:
         lines += ["", "Streamed against resident (same model, method, calibration):", "",
-                  tabulate(pd.DataFrame(comparisons), headers="keys", tablefmt="github", showindex=False)]
+                  tabulate(pd.DataFrame(comparisons).astype(object).fillna(""), headers="keys", tablefmt="github",
+                           showindex=False)]  # object: a missing cell must not turn True into 1.0
     return "\n".join(lines) + "\n"
 
 
