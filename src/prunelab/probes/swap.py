@@ -23,7 +23,6 @@ the slot being probed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
