@@ -159,7 +159,8 @@ class SwapProbe:
             cost.layer_calls += n
             dense = F.log_softmax(self.adapter.logits_from_hidden(states[-1]).float(), dim=-1)
             dense_probs = dense.exp()  # [B, T, V], shared by every variant
-            for first, group in sorted(starting.items()):
+            for first, group in tqdm(sorted(starting.items()), desc="swap probe: variants by first slot",
+                                     disable=not self.progress, leave=False):
                 hidden = self._run_suffixes(group, orders, first, states[first], kwargs, cost)
                 with self.adapter.outside_in_memory("head"):
                     for variant in group:
