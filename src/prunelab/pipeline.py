@@ -149,9 +149,9 @@ def check_streamable(setup: RunSetup) -> None:
     problems = []
     scorer = getattr(setup.pruning, "scorer", None)
     if not isinstance(setup.pruning, WeightPruning) and not getattr(scorer, "streamable", False):
-        problems.append(f"pruning/scorer={getattr(scorer, 'name', setup.pruning.name)} (it reads every "
-                        "layer at once; streamable scorers: block_influence, angular, streamline, "
-                        "shortened_magnitude, random, swap_interchange, swap_replacement)")
+        problems.append(f"pruning/scorer={getattr(scorer, 'name', setup.pruning.name)} (it runs the whole "
+                        "model per candidate, backpropagates or reads every layer at once; the README's "
+                        "'Models larger than memory' lists the scorers that stream)")
     if getattr(getattr(setup.pruning, "allocation", None), "name", None) == "gradient":
         problems.append("pruning/allocation=gradient (a backward pass through the whole model)")
     if setup.recovery.name != "none" and not getattr(setup.recovery, "streamable", False):
