@@ -104,14 +104,15 @@ def test_bad_values_fail_before_any_model_loads(overrides, message):
         build_setup(compose_config(["model=llama2_7b", *overrides]))
 
 
-def run_cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], tmp: Path, module: str = "prunelab.cli") -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "-m", "prunelab.cli", *args, f"hydra.run.dir={tmp / 'out'}"],
+    return subprocess.run([sys.executable, "-m", module, *args, f"hydra.run.dir={tmp / 'out'}"],
                           capture_output=True, text=True, env=env, cwd=tmp, timeout=300)
 
 
-def test_cli_prints_one_line_for_bad_input(tmp_path):
-    result = run_cli(["pruning=wandaa"], tmp_path)
+@pytest.mark.parametrize("module", ["prunelab.cli", "prunelab"])  # `python -m prunelab` too
+def test_cli_prints_one_line_for_bad_input(tmp_path, module):
+    result = run_cli(["pruning=wandaa"], tmp_path, module)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "unknown pruning option 'wandaa'" in result.stderr
 
