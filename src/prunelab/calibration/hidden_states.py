@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from prunelab.calibration.passes import layer_pass
-from prunelab.calibration.runner import batched
+from prunelab.calibration.passes import batch_logits, layer_pass
 from prunelab.models.adapter import ModelAdapter
 from prunelab.scoring.layers import RunningMean, nll_from_logits
 
@@ -67,15 +66,14 @@ def calibration_nll(adapter: ModelAdapter, samples: torch.Tensor, batch_size: in
     """Mean next-token NLL of the calibration windows, optionally with another layer list.
 
     samples: [N, T] token ids. `layers` runs the model with that decoder-layer list (a candidate
-    removal) through `adapter.layers_replaced`; the model is restored afterwards.
+    removal) through `adapter.layers_replaced`; the model is restored afterwards. The forward pass
+    is `batch_logits`: on a streamed model, one pass over the candidate's layers, each read once.
     """
-    device = adapter.model.get_input_embeddings().weight.device
     total, count = 0.0, 0
 
     def run() -> None:
         nonlocal total, count
-        for batch in batched(samples, batch_size):
-            logits = adapter.model(input_ids=batch.to(device), use_cache=False).logits  # [B, T, V]
+        for batch, logits in batch_logits(adapter.model, samples, batch_size, progress=False):  # [B, T, V]
             nll, n = nll_from_logits(logits, batch)
             total, count = total + nll, count + n
 

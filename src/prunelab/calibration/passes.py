@@ -4,19 +4,23 @@
 and SparseGPT propagate the pruned outputs, dense statistics and hidden states the dense ones.
 `role_linears` groups a layer's linears by role; the linears of one role read the same input, so
 `role_readers` hooks one of them per role. `dense_role_statistics` is the dense pass behind the
-allocation policies' statistics: one input statistic per role and layer.
+allocation policies' statistics: one input statistic per role and layer. `batch_logits` is the
+forward pass of perplexity and of the calibration NLL, the same on a model in memory and a
+streamed one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
-from prunelab.calibration.runner import LayerSequentialRunner, Propagate, capture_layer_inputs
+from prunelab.calibration.runner import LayerSequentialRunner, Propagate, batched, capture_layer_inputs
 from prunelab.calibration.statistics import InputStatistic, collect_linear_inputs
-from prunelab.models.adapter import ROLES, ModelAdapter
+from prunelab.models.adapter import ROLES, ModelAdapter, input_device
+from prunelab.models.streaming import store_of
 
 
 def layer_pass(adapter: ModelAdapter, samples: torch.Tensor, batch_size: int = 1,
@@ -52,3 +56,32 @@ def dense_role_statistics(adapter: ModelAdapter, samples: torch.Tensor,
             step.forward()
         per_layer.append(stats)
     return per_layer
+
+
+def batch_logits(model, windows: torch.Tensor, batch_size: int, progress: bool = True,
+                 desc: str = "ppl") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(batch [B, T], its logits [B, T, V]) for consecutive batches of `windows` ([n, T]).
+
+    A model in memory runs its forward pass per batch. A streamed model (`models.streaming`)
+    runs every batch through one decoder layer at a time, layers read from disk in turn, then the
+    final norm and head per batch: the same operations on the same batches, so the same numbers.
+    """
+    device = input_device(model)
+    if store_of(model) is None:
+        for start in tqdm(range(0, windows.shape[0], batch_size), desc=f"{desc} windows", disable=not progress,
+                          leave=False):
+            batch = windows[start : start + batch_size].to(device)  # [B, T]
+            yield batch, model(input_ids=batch, use_cache=False).logits
+        return
+    adapter = ModelAdapter(model)
+    per_window = 2 * windows.shape[1] * adapter.hidden_size * 4  # input and output buffers, fp32
+    group = max(1, store_of(model).activation_budget_bytes // per_window // batch_size) * batch_size
+    for first in range(0, windows.shape[0], group):  # each group: one pass over the layers
+        part = windows[first : first + group]
+        inputs = capture_layer_inputs(adapter, part, batch_size)
+        runner = LayerSequentialRunner(adapter, inputs, progress=progress, desc=f"{desc} layers")
+        for _ in runner:
+            pass
+        with adapter.outside_in_memory("head"):  # read once for the group's logits
+            for batch, hidden in zip(batched(part, batch_size), runner.outputs.hidden):  # [B, T, C]
+                yield batch.to(device), adapter.logits_from_hidden(hidden)

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from prunelab.calibration.runner import LayerInputs, LayerSequentialRunner, batched, capture_layer_inputs
+from prunelab.calibration.passes import batch_logits
+from prunelab.calibration.runner import LayerInputs, LayerSequentialRunner, capture_layer_inputs
 from prunelab.data import sources
 from prunelab.data.tokens import TokenCache, eval_token_stream, tensor_sha256, tokenizer_fingerprint
 from prunelab.errors import ConfigError, DataUnavailableError
@@ -115,35 +116,6 @@ def window_nlls(model, ids: torch.Tensor, seqlen: int, batch_size: int = 1,
             nlls.append(summed_nll(logits[row, :-1], batch[row, 1:]) / (seqlen - 1))
         del logits
     return nlls
-
-
-def batch_logits(model, windows: torch.Tensor, batch_size: int, progress: bool = True
-                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(batch [B, T], its logits [B, T, V]) for consecutive batches of `windows` ([n, T]).
-
-    A model in memory runs its forward pass per batch. A streamed model (`models.streaming`)
-    runs every batch through one decoder layer at a time, layers read from disk in turn, then the
-    final norm and head per batch: the same operations on the same batches, so the same numbers.
-    """
-    device = input_device(model)
-    if store_of(model) is None:
-        for start in tqdm(range(0, windows.shape[0], batch_size), desc="ppl windows", disable=not progress,
-                          leave=False):
-            batch = windows[start : start + batch_size].to(device)  # [B, T]
-            yield batch, model(input_ids=batch, use_cache=False).logits
-        return
-    adapter = ModelAdapter(model)
-    per_window = 2 * windows.shape[1] * adapter.hidden_size * 4  # input and output buffers, fp32
-    group = max(1, store_of(model).activation_budget_bytes // per_window // batch_size) * batch_size
-    for first in range(0, windows.shape[0], group):  # each group: one pass over the layers
-        part = windows[first : first + group]
-        inputs = capture_layer_inputs(adapter, part, batch_size)
-        runner = LayerSequentialRunner(adapter, inputs, progress=progress, desc="ppl layers")
-        for _ in runner:
-            pass
-        with adapter.outside_in_memory("head"):  # read once for the group's logits
-            for batch, hidden in zip(batched(part, batch_size), runner.outputs.hidden):  # [B, T, C]
-                yield batch.to(device), adapter.logits_from_hidden(hidden)
 
 
 def selected_windows(ids: torch.Tensor, seqlen: int, max_windows: int | None = None,

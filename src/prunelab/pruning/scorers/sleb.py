@@ -8,7 +8,8 @@ Transformer Blocks", 2024.
   3. Remove the block of lowest NLL; repeat n times (`selector: iterative`).
 Select with `pruning=depth pruning/scorer=sleb`. The search happens in the scoring stage; the
 record keeps every step's candidate NLLs. `layer_scores` holds the first step's (single-removal)
-NLLs, None for the first and last block.
+NLLs, None for the first and last block. On a streamed model (`model.streaming`) every candidate
+reads each of its layers once: about n x L^2 layer reads in all, the same layer calls as in memory.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Sleb:
     name = "sleb"
     selectors = ("iterative",)
     plus_rule = False
+    streamable = True  # each candidate's NLL is one streamed pass over its layers (`calibration_nll`)
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
         adapter = ctx.loaded.adapter
