@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny import ARCHS, tiny_config, train_tokenizer
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import prunelab
 from prunelab.calibration.runner import LayerSequentialRunner, capture_layer_inputs
@@ -17,7 +17,7 @@ from prunelab.errors import ConfigError, ModelCheckError
 from prunelab.evaluation.perplexity import window_nlls
 from prunelab.models import ModelSpec, load_model
 from prunelab.models.adapter import ModelAdapter
-from prunelab.models.memory import MemoryEstimate, choose_mode
+from prunelab.models.memory import MemoryEstimate, choose_mode, estimate
 from prunelab.models.safetensors_files import INDEX_FILE, checkpoint_tensors, read_tensor
 from prunelab.models.streaming import store_of
 from prunelab.pruning import masks
@@ -94,6 +94,7 @@ CASES = [
     ("wanda", {"allocation": "pals"}),
     ("magnitude", {"allocation": "alpha"}),
     ("wanda", {"allocation": "random"}),
+    ("wanda", {"allocation": "gradient"}),  # the backward one layer at a time
 ]
 
 
@@ -147,11 +148,19 @@ def test_changed_layers_are_written_and_read_back(tiny_model_dirs, tmp_path):
     assert bool((read_tensor(down) == 0).all()) and len(set(names.values())) == adapter.num_layers + 2  # embeddings, head
 
 
-def test_gradient_allocation_is_refused_when_streamed(tiny_model_dirs, tmp_path):
+def test_streamed_backward_spills_the_layer_inputs_beyond_the_budget(tiny_model_dirs, tmp_path):
+    """Taylor scores equal to the whole-model backward, with every layer's input on disk."""
     path = tiny_model_dirs["llama"]
-    with pytest.raises(ConfigError, match="allocation=gradient"):
-        prunelab.prune(streamed(path, tmp_path), AutoTokenizer.from_pretrained(path), "wanda", 0.5,
-                       token_ids(4, 32), allocation="gradient", progress=False)
+    tokenizer, calibration = AutoTokenizer.from_pretrained(path), token_ids(4, 32, seed=8)
+    model = streamed(path, tmp_path)
+    store_of(model).activation_budget_bytes = 1  # nothing fits: every kept state is file-backed
+    overrides = ["pruning.plus_rule=false"]
+    got = prunelab.prune(model, tokenizer, "depth", calibration=calibration, scorer="shortened_taylor",
+                         num_layers=1, progress=False, overrides=overrides)
+    want = prunelab.prune(resident(path), tokenizer, "depth", calibration=calibration,
+                          scorer="shortened_taylor", num_layers=1, progress=False, overrides=overrides)
+    assert got["pruning"] == want["pruning"]
+    assert store_of(model).spilled >= 2 * ModelAdapter(model).num_layers and store_of(model).spill_dir is None
 
 
 def test_row_chunked_masks_equal_whole_matrix_masks(monkeypatch):
@@ -160,6 +169,14 @@ def test_row_chunked_masks_equal_whole_matrix_masks(monkeypatch):
     monkeypatch.setattr(masks, "ROW_CHUNK_ENTRIES", 7 * 40)  # 7 rows at a time: uneven last chunk
     for ties, expected in whole.items():
         assert torch.equal(masks.unstructured_mask(scores, 0.5, "row", ties), expected)
+
+
+def test_a_backward_adds_one_layers_weight_gradients_to_the_estimate(tiny_model_dirs):
+    config = AutoConfig.from_pretrained(tiny_model_dirs["llama"])
+    plain, backward = (estimate(config, torch.float32, 256, layer_gradients=g) for g in (False, True))
+    layer = AutoModelForCausalLM.from_config(config).model.layers[0]
+    linear_bytes = sum(m.weight.numel() * 4 for m in layer.modules() if isinstance(m, torch.nn.Linear))
+    assert backward.method_state - plain.method_state == linear_bytes
 
 
 def _estimate(resident_bytes: int, streamed_bytes: int, activations: int = 0, batch: int = 0) -> MemoryEstimate:
@@ -233,7 +250,11 @@ def test_run_that_cannot_fit_is_refused_before_work(tmp_path):
     assert record["failure"]["stage"] == "load" and "metrics" not in record
 
 
-def test_streamed_run_refuses_what_it_cannot_run_yet(tmp_path):
+def test_streamed_run_refuses_a_scorer_that_does_not_stream(tmp_path, monkeypatch):
+    """Every shipped scorer streams; one that does not say so is refused before any work."""
+    from prunelab.pruning.scorers.sleb import Sleb
+
+    monkeypatch.delattr(Sleb, "streamable")
     with pytest.raises(ConfigError, match="pruning/scorer=sleb"):
         prunelab.run(["model.streaming=true", "pruning=depth", "pruning/scorer=sleb", "evaluation=ppl",
                       f"paths.records_dir={tmp_path}", "tracking=none"])
@@ -242,7 +263,9 @@ def test_streamed_run_refuses_what_it_cannot_run_yet(tmp_path):
 @pytest.mark.parametrize("arch,scorer", [("llama", "block_influence"), ("llama", "angular"),
                                          ("qwen3", "streamline"), ("gpt_neox", "block_influence"),
                                          ("opt", "shortened_magnitude"), ("mistral", "random"),
-                                         ("llama", "swap_interchange"), ("gpt_neox", "swap_replacement")])
+                                         ("llama", "swap_interchange"), ("gpt_neox", "swap_replacement"),
+                                         ("qwen3", "sleb"), ("opt", "shortened_ppl"), ("llama", "shortened_taylor"),
+                                         ("mistral", "wrp")])
 def test_streamed_depth_pruning_equals_resident(arch, scorer, tiny_model_dirs, tmp_path):
     """Scores from hidden states, the same layers removed, the checkpoint renumbered."""
     path = tiny_model_dirs[arch]
@@ -318,14 +341,6 @@ def test_streamed_word_perplexity_equals_resident(arch, tiny_model_dirs, tmp_pat
     store_of(model).activation_budget_bytes = 40 * 2 * 32 * 4  # a few windows per group
     expected = rolling_nlls(resident(path), tokenizer, docs, 48, progress=False)
     assert rolling_nlls(model, tokenizer, docs, 48, progress=False) == expected
-
-
-def test_streamed_run_refuses_gradient_allocation_before_work(tmp_path):
-    with pytest.raises(ConfigError, match="allocation=gradient"):
-        prunelab.run(["model.streaming=true", "pruning/allocation=gradient", "evaluation=ppl",
-                      f"paths.records_dir={tmp_path}", "tracking=none"])
-    record = json.loads(next(tmp_path.rglob("result.json")).read_text())
-    assert "metrics" not in record  # refused before the dense evaluation
 
 
 @pytest.mark.parametrize("recovery", ["replaceme", "replaceme_cosine"])

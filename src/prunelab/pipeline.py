@@ -140,8 +140,10 @@ def memory_request(setup: RunSetup) -> MemoryRequest:
     state = getattr(setup.pruning, "layer_state_bytes", default_state_bytes)
     budget = int(setup.memory_budget_gb * GIB) if setup.memory_budget_gb else None
     work_dir = (Path(setup.output_dir) / "streamed_layers") if setup.output_dir else None
+    gradients = any(getattr(part, "layer_gradients", False) for part in
+                    (getattr(setup.pruning, "scorer", None), getattr(setup.pruning, "allocation", None)))
     return MemoryRequest(calib.nsamples * calib.seqlen, setup.calibration_batch_size * calib.seqlen, state,
-                         budget, work_dir)
+                         budget, work_dir, gradients)
 
 
 def check_streamable(setup: RunSetup) -> None:
@@ -149,11 +151,8 @@ def check_streamable(setup: RunSetup) -> None:
     problems = []
     scorer = getattr(setup.pruning, "scorer", None)
     if not isinstance(setup.pruning, WeightPruning) and not getattr(scorer, "streamable", False):
-        problems.append(f"pruning/scorer={getattr(scorer, 'name', setup.pruning.name)} (it runs the whole "
-                        "model per candidate, backpropagates or reads every layer at once; the README's "
+        problems.append(f"pruning/scorer={getattr(scorer, 'name', setup.pruning.name)} (the README's "
                         "'Models larger than memory' lists the scorers that stream)")
-    if getattr(getattr(setup.pruning, "allocation", None), "name", None) == "gradient":
-        problems.append("pruning/allocation=gradient (a backward pass through the whole model)")
     if setup.recovery.name != "none" and not getattr(setup.recovery, "streamable", False):
         problems.append(f"recovery={setup.recovery.name}")
     if problems:

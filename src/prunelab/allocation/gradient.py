@@ -11,7 +11,8 @@ Select with `pruning/allocation=gradient` (prunelab/conf/pruning/allocation/grad
 
 One sequence per backward pass keeps the statistic independent of the calibration batch size.
 Memory: a full forward and backward of the model plus one gradient per linear weight (as large as
-the linears themselves); the gradients (`DenseStatistics.squared_gradients` in
+the linears themselves); on a streamed model (`model.streaming`) the backward visits one layer at
+a time, with every layer's input kept (`calibration.gradients.backward_by_layer`). The gradients (`DenseStatistics.squared_gradients` in
 `calibration.dense_statistics`) are cached per model and calibration data.
 """
 
@@ -25,6 +26,7 @@ from prunelab.calibration.dense_statistics import DenseStatistics
 
 class GradientAllocation:
     name = "gradient"
+    layer_gradients = True  # holds one layer's weight gradients (the memory estimate)
 
     def __init__(self, bound: float = 0.05, mean: str = "plain"):
         self.band = Band(self.name, bound, mean)

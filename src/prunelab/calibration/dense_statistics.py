@@ -20,7 +20,6 @@ from prunelab.calibration.gradients import squared_weight_gradients
 from prunelab.calibration.passes import dense_role_statistics
 from prunelab.calibration.statistics import AbsHistogram, SquaredColumnNorm
 from prunelab.context import PruneContext
-from prunelab.errors import ConfigError
 from prunelab.models.adapter import ROLES
 
 
@@ -87,12 +86,7 @@ class DenseStatistics:
         """[layers] sum over calibration sequences of the squared LM-loss gradients of each layer's
         linear weights (one sequence per backward pass)."""
         def compute():
-            if self.adapter.streamed:  # a cached result from a resident run is still used
-                raise ConfigError("allocation=gradient backpropagates through the whole model at once, "
-                                  "which a streamed model cannot do: use model.streaming=false or "
-                                  "another allocation")
-            return squared_weight_gradients(self.adapter.model, list(self.linear_weights()),
-                                            self.ctx.calibration(), self.ctx.progress)
+            return squared_weight_gradients(self.adapter, self.ctx.calibration(), self.ctx.progress)
         params = {"loss": "next_token_ce", "per": "sequence"}
         return self.cached("linear_weight_gradient_sq", params, compute)
 

@@ -44,6 +44,7 @@ class MemoryRequest:
     state_bytes: Callable[[int, int], int] = default_state_bytes  # the method's, per [out, in] linear
     budget_bytes: int | None = None  # runtime.memory_budget_gb; None: detected (models.memory)
     work_dir: Path | None = None  # where a streamed run writes its changed layers
+    layer_gradients: bool = False  # the method back-propagates (one layer's weight gradients held)
 
 
 @dataclass
@@ -87,7 +88,7 @@ def choose_memory_mode(spec: ModelSpec, config, memory: MemoryRequest | None) ->
     if memory is None:
         return ("streamed" if spec.streaming is True else "resident"), None
     need = estimate(config, _checkpoint_dtype(config, spec.dtype), memory.activation_tokens,
-                    memory.state_bytes, memory.batch_tokens)
+                    memory.state_bytes, memory.batch_tokens, memory.layer_gradients)
     budget, origin = ((memory.budget_bytes, "runtime.memory_budget_gb") if memory.budget_bytes
                       else detected_budget())
     if os.environ.get(SKIP_MEMORY_CHECK):

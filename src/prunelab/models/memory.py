@@ -169,15 +169,18 @@ def default_state_bytes(out_features: int, in_features: int) -> int:
 
 def estimate(config, dtype: torch.dtype, activation_tokens: int,
              state_bytes: Callable[[int, int], int] = default_state_bytes,
-             batch_tokens: int | None = None) -> MemoryEstimate:
+             batch_tokens: int | None = None, layer_gradients: bool = False) -> MemoryEstimate:
     """The run's peak by part; `activation_tokens` is calibration sequences x length (or the
-    evaluation's, whichever is larger); `state_bytes(out, in)` the method's state for one linear."""
+    evaluation's, whichever is larger); `state_bytes(out, in)` the method's state for one linear;
+    `layer_gradients`: the method also holds the gradients of one layer's linear weights."""
     sizes = model_sizes(config, dtype)
     hidden = int(config.hidden_size)
     size = torch.empty((), dtype=dtype).element_size()
     activations = 2 * activation_tokens * hidden * size  # the layer's inputs and outputs
     batch = 2 * (batch_tokens or activation_tokens) * hidden * size
     state = max((state_bytes(o, i) for o, i in sizes.linears), default=0)
+    if layer_gradients:
+        state += sum(o * i for o, i in sizes.linears) * size
     return MemoryEstimate(sizes.whole, sizes.resident_outside, sizes.largest_layer,
                           max(sizes.largest_layer, sizes.largest_outside), activations, state,
                           private_memory(), min(batch, activations))

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 import os
 import logging
 import shutil
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -129,7 +130,7 @@ class LayerStore:
         self.activation_budget_bytes = 2 * 1024**3
         #: where activations spill when they do not fit beside the layer (None: kept in memory)
         self.spill_dir: Path | None = None
-        self._spilled = itertools.count()
+        self.spilled = 0  # activations kept in file-backed mappings so far
         _prefer_mmap_for_large_buffers()
 
     def layer_bytes(self, layer: nn.Module) -> int:
@@ -207,11 +208,33 @@ class LayerStore:
         the kernel pages out as needed and that disappears with the tensor (unlinked at once)."""
         if self.spill_dir is None or tensor.device.type != "cpu":
             return tensor
+        return self.empty_activation(tensor.shape, tensor.dtype).copy_(tensor)
+
+    def empty_activation(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised CPU tensor kept as `keep_activation` keeps one (file-backed when
+        spilling), for a pass that fills a large result in place, row by row."""
+        if self.spill_dir is None:
+            return torch.empty(tuple(shape), dtype=dtype)
         self.spill_dir.mkdir(parents=True, exist_ok=True)
-        path = self.spill_dir / f"activation-{next(self._spilled):07d}.bin"
-        spilled = torch.from_file(str(path), shared=True, size=tensor.numel(), dtype=tensor.dtype)
+        path = self.spill_dir / f"activation-{self.spilled:07d}.bin"
+        self.spilled += 1
+        spilled = torch.from_file(str(path), shared=True, size=math.prod(shape), dtype=dtype)
         os.unlink(path)
-        return spilled.view(tensor.shape).copy_(tensor)
+        return spilled.view(tuple(shape))
+
+    @contextmanager
+    def spilling_beyond_budget(self, nbytes: int) -> Iterator[None]:
+        """Inside, `keep_activation` spills when a pass will hold `nbytes` of activations, more
+        than its budget (the states of every layer for a backward, say), even if the run's two
+        buffers fit and do not."""
+        if self.spill_dir is not None or nbytes <= self.activation_budget_bytes:
+            yield
+            return
+        self.spill_dir = self.work_dir / "activations"
+        try:
+            yield
+        finally:
+            self.spill_dir = None
 
     @contextmanager
     def outside_resident(self, which: str = "all") -> Iterator[None]:

@@ -10,7 +10,9 @@ output projection, MLP output projection):
 residual-side Gram matrices W W^T, centred over the residual dimensions; invariant to any reordering
 of heads or FFN neurons, which is arbitrary across layers) or the literal raw-weight cosine
 cos(vec W^i, vec W^j). Forward-free. Weights are [C, n] (nn.Linear layout: residual rows).
-Memory: the Gram form keeps one normalised C x C Gram per layer (L * C^2 floats per writer).
+Memory: the Gram form keeps one normalised C x C Gram per layer (L * C^2 floats per writer), the
+raw form every writer's weights. The rows are computed one layer at a time (`writer_row`), so a
+streamed model reads each layer once and keeps only the rows (on disk beyond the budget).
 """
 
 from __future__ import annotations
@@ -41,46 +43,67 @@ def _cosine_rows(rows: torch.Tensor) -> torch.Tensor:
     return (unit @ unit.T).clamp(-1.0, 1.0)  # [L, L]
 
 
+def gram_row(weight: torch.Tensor, center: bool = True) -> torch.Tensor:
+    """One layer's row of the Gram form: its residual-side Gram G = W_c W_c^T [C, C], with W_c
+    centred over the C residual dimensions (the CKA "samples"), normalised, flattened to [C*C]."""
+    w = weight.detach().float()  # [C, n]
+    if center:
+        w = w - w.mean(dim=0, keepdim=True)  # [C, n]
+    gram = w @ w.T  # [C, C]
+    return (gram / gram.norm().clamp_min(1e-30)).reshape(-1)  # [C*C]
+
+
+def writer_row(weight: torch.Tensor, form: str = "gram") -> torch.Tensor:
+    """What the all-pairs similarity compares of one layer's writer: its Gram row, or (raw) the
+    flattened weight."""
+    return gram_row(weight) if form == "gram" else weight.detach().float().reshape(-1)
+
+
+def similarity_of_rows(rows: torch.Tensor, form: str = "gram") -> torch.Tensor:
+    """[L, D] writer rows -> [L, L]: linear CKA of the Gram rows (unit already) or raw cosine."""
+    return (rows @ rows.T).clamp(-1.0, 1.0) if form == "gram" else _cosine_rows(rows)
+
+
 def raw_cosine(weights: Sequence[torch.Tensor]) -> torch.Tensor:
     """Literal similarity: cosine between flattened weights. Each [C, n] (same shape) -> [L, L]."""
-    return _cosine_rows(torch.stack([w.detach().float().reshape(-1) for w in weights]))  # [L, L]
+    return similarity_of_rows(torch.stack([writer_row(w, "raw") for w in weights]), "raw")  # [L, L]
 
 
 def gram_cka(weights: Sequence[torch.Tensor], center: bool = True) -> torch.Tensor:
     """Linear CKA between the layers' residual-side Grams: <G_i, G_j>_F / (||G_i|| ||G_j||).
 
-    weights: each [C, n_l] (n_l may differ); G_l = W_c W_c^T [C, C], with W_c centred over the C
-    residual dimensions (the CKA "samples"). Invariant to permuting (or rotating) the n_l columns.
+    weights: each [C, n_l] (n_l may differ). Invariant to permuting (or rotating) the n_l columns.
     Returns [L, L].
     """
-    grams = []
-    for w in weights:
-        w = w.detach().float()  # [C, n]
-        if center:
-            w = w - w.mean(dim=0, keepdim=True)  # [C, n]
-        gram = w @ w.T  # [C, C]
-        grams.append((gram / gram.norm().clamp_min(1e-30)).reshape(-1))  # [C*C]
-    unit = torch.stack(grams)  # [L, C*C]
-    return (unit @ unit.T).clamp(-1.0, 1.0)  # [L, L]
+    return similarity_of_rows(torch.stack([gram_row(w, center) for w in weights]), "gram")  # [L, L]
 
 
 def writer_similarity(weights: Sequence[torch.Tensor], form: str = "gram") -> dict[str, torch.Tensor]:
     """For one residual writer over all layers: similarity, relative scale and their product."""
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, not {form!r}")
-    sim = gram_cka(weights) if form == "gram" else raw_cosine(weights)  # [L, L]
-    scale = relative_scale(frobenius_norms(weights))  # [L, L]
+    rows = torch.stack([writer_row(w, form) for w in weights])  # [L, D]
+    return similarity_parts(rows, frobenius_norms(weights), form)
+
+
+def similarity_parts(rows: torch.Tensor, norms: torch.Tensor, form: str = "gram") -> dict[str, torch.Tensor]:
+    """rows [L, D] (`writer_row` of each layer) and norms [L] -> similarity, scale, product."""
+    sim = similarity_of_rows(rows, form)  # [L, L]
+    scale = relative_scale(norms)  # [L, L]
     return {"similarity": sim, "scale": scale, "combined": sim * scale}  # each [L, L]
+
+
+def combine_writers(attn: dict[str, torch.Tensor], mlp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The WRP matrix S [L, L] (higher = more redundant) from both writers' parts."""
+    return {"similarity": (attn["combined"] + mlp["combined"]) / 2,  # [L, L]
+            "attn_out": attn["combined"], "mlp_out": mlp["combined"],
+            "attn_out_scale": attn["scale"], "mlp_out_scale": mlp["scale"]}
 
 
 def wrp_matrix(attn_out: Sequence[torch.Tensor], mlp_out: Sequence[torch.Tensor],
                form: str = "gram") -> dict[str, torch.Tensor]:
     """All-pairs WRP similarity S [L, L] (higher = more redundant) and its parts per writer."""
-    attn = writer_similarity(attn_out, form)
-    mlp = writer_similarity(mlp_out, form)
-    return {"similarity": (attn["combined"] + mlp["combined"]) / 2,  # [L, L]
-            "attn_out": attn["combined"], "mlp_out": mlp["combined"],
-            "attn_out_scale": attn["scale"], "mlp_out_scale": mlp["scale"]}
+    return combine_writers(writer_similarity(attn_out, form), writer_similarity(mlp_out, form))
 
 
 def redundancy_scores(similarity: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ The paper's "+" rule (keep blocks 0-3 and the last two) is on by default for the
 
 from __future__ import annotations
 
-from prunelab.calibration.gradients import gradients_for, next_token_loss
+from prunelab.calibration.gradients import backward_by_layer, gradients_for, next_token_loss
 from prunelab.calibration.hidden_states import calibration_nll, progress_bar
 from prunelab.calibration.runner import batched
 from prunelab.context import PruneContext
@@ -38,9 +38,21 @@ class BlockTaylor:
     name = "shortened_taylor"
     selectors = ("lowest", "contiguous")
     plus_rule = True
+    streamable = True  # streamed: the backward one layer at a time (`backward_by_layer`)
+    layer_gradients = True  # holds one layer's weight gradients (the memory estimate)
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
         adapter, model = ctx.loaded.adapter, ctx.loaded.model
+        if adapter.streamed:
+            scores = [0.0] * adapter.num_layers
+
+            def taylor(index: int, ws: list) -> None:
+                scores[index] = taylor_importance(ws, [w.grad for w in ws])
+
+            backward_by_layer(adapter, ctx.calibration(), ctx.batch_size,
+                              lambda layer: [lin.weight for lin in adapter.linears(layer).values()], taylor,
+                              progress=ctx.progress, desc="taylor")
+            return LayerScores(per_layer=scores)
         weights = [[lin.weight for lin in adapter.linears(layer).values()] for layer in adapter.layers]
         device = model.get_input_embeddings().weight.device
         with gradients_for(model, (w for ws in weights for w in ws)):
@@ -55,6 +67,7 @@ class BlockPerplexity:
     name = "shortened_ppl"
     selectors = ("lowest", "contiguous")
     plus_rule = False
+    streamable = True  # each candidate's NLL is one streamed pass over its layers (`calibration_nll`)
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
         adapter = ctx.loaded.adapter
