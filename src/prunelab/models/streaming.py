@@ -21,6 +21,7 @@ import ctypes
 import itertools
 import math
 import os
+import resource
 import logging
 import shutil
 import weakref
@@ -61,7 +62,11 @@ def _prefer_mmap_for_large_buffers() -> None:
     trimmed above 64 KiB, and two malloc arenas (as MALLOC_MMAP_THRESHOLD_=65536
     MALLOC_TRIM_THRESHOLD_=65536 MALLOC_ARENA_MAX=2 would do): a freed layer or activation batch
     must not stay in a fragmented heap, whose size counts against a data limit even when its
-    pages are free."""
+    pages are free. Set only under a data limit (`ulimit -d`, `prlimit --data`): a cgroup limit
+    (SLURM's `--mem`) counts resident pages, which `release_freed_memory` returns after each
+    layer, while fresh mappings for every large temporary cost page faults."""
+    if resource.getrlimit(resource.RLIMIT_DATA)[0] == resource.RLIM_INFINITY:
+        return  # the settings cost CPU time (about 20% for SparseGPT's matrix products)
     # MKL's own memory manager keeps the buffers of large matrix products (measured: about
     # 100 MB more data segment for SparseGPT on a 1536-wide model); read when MKL first allocates
     os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
