@@ -13,6 +13,9 @@ pruned checkpoints (`save_model=true`) are compared tensor by tensor, and their 
 
     python experiments/benchmarks/streaming_benchmark.py --models A B --methods wanda sparsegpt \
         --out results/benchmarks
+    python experiments/benchmarks/streaming_benchmark.py --models A --methods sparsegpt --save-models \
+        --runs streamed resident streamed_uncapped --out results/benchmarks/quiet_machine \
+        --machine "2-core machine with nothing else running"     # the quiet-machine table
 
 Calibration and evaluation are sized for minutes on 2 CPU cores (the flags say how); the memory
 bound scales with them and is printed beside every measurement.
@@ -156,8 +159,7 @@ def render(table: pd.DataFrame, comparisons: list[dict], args) -> str:
     lines = ["# Streaming benchmark: models larger than the memory cap", "",
              "Random-init Llamas (fp32), Wanda / SparseGPT 50%, calibration as the `calibration` column says "
              f"(testbed tokens x sequences x length), token perplexity on {args.eval_windows} windows of "
-             f"{args.eval_seqlen} (dense and pruned), torch threads {args.threads}, 2-core machine shared with "
-             "a study running at nice 5. Command: `python experiments/benchmarks/streaming_benchmark.py` (see "
+             f"{args.eval_seqlen} (dense and pruned), torch threads {args.threads}, {args.machine}. Command: `python experiments/benchmarks/streaming_benchmark.py` (see "
              "its docstring).", "",
              "Peaks are the peak resident memory of each stage (VmHWM, reset per stage); the bound is the "
              "streamed estimate the run was admitted under: the largest module read at once (a layer, the "
@@ -181,14 +183,17 @@ def render(table: pd.DataFrame, comparisons: list[dict], args) -> str:
     return "\n".join(lines) + "\n"
 
 
-RUNS = {"streamed": (True, True), "capped": (False, True), "resident": (False, False)}  # (streaming, capped)
+#: (streaming, capped); `streamed_uncapped`: the streamed run without a data limit, where the
+#: allocator settings that keep the data segment small (`models.streaming`) are not applied
+RUNS = {"streamed": (True, True), "capped": (False, True), "resident": (False, False),
+        "streamed_uncapped": (True, False)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["A", "B"], choices=sorted(MODELS))
     parser.add_argument("--methods", nargs="+", default=["wanda", "sparsegpt"])
-    parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS),
+    parser.add_argument("--runs", nargs="*", default=["streamed", "capped", "resident"], choices=list(RUNS),
                         help="which runs to (re)do; the others are read from --work")
     parser.add_argument("--work", type=Path, default=Path("/tmp/prunelab-streaming-benchmark"))
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
@@ -202,6 +207,8 @@ def main() -> None:
                         "every tensor")
     parser.add_argument("--cap-gib", type=float, default=None, help="another cap than the model's (its runs "
                         "are kept beside the ones under the model's cap)")
+    parser.add_argument("--machine", default="2-core machine shared with a study running at nice 5",
+                        help="the load on the machine during the runs, for the table's header")
     args = parser.parse_args()
     done = args.work / "results"
     done.mkdir(parents=True, exist_ok=True)
