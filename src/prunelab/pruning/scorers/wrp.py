@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from prunelab.calibration.hidden_states import progress_bar
 from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest, json_floats
@@ -34,7 +35,7 @@ class WeightRedundancy:
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
         adapter = ctx.loaded.adapter
         if adapter.streamed:
-            mats = self._streamed_matrix(adapter)
+            mats = self._streamed_matrix(adapter, ctx.progress)
         else:
             writers = [adapter.residual_writers(layer) for layer in adapter.layers]
             mats = wrp_matrix([a.weight for a, _ in writers], [m.weight for _, m in writers], self.form)
@@ -45,12 +46,12 @@ class WeightRedundancy:
         return LayerScores(per_layer=redundancy_scores(mats["similarity"]).tolist(),
                            pairwise=mats["similarity"].tolist(), details=details)
 
-    def _streamed_matrix(self, adapter) -> dict:
+    def _streamed_matrix(self, adapter, progress: bool = True) -> dict:
         """`wrp_matrix` with one layer in memory at a time: the same rows, stacked in place."""
         store, n = adapter.store, adapter.num_layers
         rows: dict[int, torch.Tensor] = {}  # writer (0: attention, 1: MLP) -> [L, D]
         norms: dict[int, list[torch.Tensor]] = {0: [], 1: []}
-        for index, layer in adapter.layers_in_memory():
+        for index, layer in progress_bar(adapter.layers_in_memory(), progress, "wrp: writer rows"):
             for writer, linear in enumerate(adapter.residual_writers(layer)):
                 row = writer_row(linear.weight, self.form)  # [D]
                 if writer not in rows:
