@@ -46,7 +46,7 @@ class DenseStatistics:
         layer in memory while it is used (a streamed model's is read then, and released after)."""
         adapter = self.adapter
         for _, layer in adapter.layers_in_memory():
-            yield [lin.weight for lin in adapter.linears(layer).values()]
+            yield adapter.linear_weights(layer)
 
     def role_weights(self) -> Iterator[dict[str, list[torch.Tensor]]]:
         """Per layer, in order, role -> the weights of the linears reading that role's input."""

@@ -62,9 +62,6 @@ def squared_weight_gradients(adapter: ModelAdapter, samples: torch.Tensor, progr
 
     samples: [N, T] token ids, back-propagated one sequence at a time.
     """
-    def layer_weights(layer: nn.Module) -> list[torch.Tensor]:
-        return [lin.weight for lin in adapter.linears(layer).values()]
-
     total = torch.zeros(adapter.num_layers, dtype=torch.float64)  # [L]
 
     def add(index: int, group: list[torch.Tensor]) -> None:
@@ -72,11 +69,11 @@ def squared_weight_gradients(adapter: ModelAdapter, samples: torch.Tensor, progr
             total[index] += float(w.grad.double().pow(2).sum())
 
     if adapter.streamed:  # one backward per sequence and layer: the same sums in the same order
-        backward_by_layer(adapter, samples, 1, layer_weights, add, per_batch=True, progress=progress,
+        backward_by_layer(adapter, samples, 1, adapter.linear_weights, add, per_batch=True, progress=progress,
                           desc="gradient: streamed backward")
         return total
     model = adapter.model
-    weights = [layer_weights(layer) for layer in adapter.layers]
+    weights = [adapter.linear_weights(layer) for layer in adapter.layers]
     device = model.get_input_embeddings().weight.device
     with gradients_for(model, (w for group in weights for w in group)):
         for ids in tqdm(samples.split(1), desc="gradient: dense backward", disable=not progress,

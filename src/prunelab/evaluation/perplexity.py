@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch

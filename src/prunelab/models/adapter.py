@@ -80,6 +80,10 @@ class ModelAdapter:
             names.extend(value if isinstance(value, tuple) else (value,))
         return {name: layer.get_submodule(name) for name in names}
 
+    def linear_weights(self, layer: nn.Module) -> list[torch.Tensor]:
+        """The weights ([out, in]) of the layer's linears, in forward order."""
+        return [linear.weight for linear in self.linears(layer).values()]
+
     def linear_groups(self, layer: nn.Module) -> list[dict[str, nn.Linear]]:
         """Linears grouped by what they read, in forward order (for "true sequential" pruning)."""
         return [self.linears(layer, (role,)) for role in ROLES]

@@ -18,7 +18,7 @@ def zero_count(weight: torch.Tensor) -> int:
 def layer_sparsity(adapter: ModelAdapter, index: int) -> float:
     """Fraction of zeros over the linears of decoder layer `index`."""
     with adapter.layer_in_memory(index) as layer:
-        weights = [lin.weight for lin in adapter.linears(layer).values()]
+        weights = adapter.linear_weights(layer)
         return sum(zero_count(w) for w in weights) / max(sum(w.numel() for w in weights), 1)
 
 

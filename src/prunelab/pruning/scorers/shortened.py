@@ -29,7 +29,7 @@ class BlockMagnitude:
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
         adapter = ctx.loaded.adapter
-        scores = [weight_magnitude(lin.weight for lin in adapter.linears(layer).values())
+        scores = [weight_magnitude(adapter.linear_weights(layer))
                   for _, layer in adapter.layers_in_memory()]
         return LayerScores(per_layer=scores)
 
@@ -50,10 +50,10 @@ class BlockTaylor:
                 scores[index] = taylor_importance(ws, [w.grad for w in ws])
 
             backward_by_layer(adapter, ctx.calibration(), ctx.batch_size,
-                              lambda layer: [lin.weight for lin in adapter.linears(layer).values()], taylor,
+                              adapter.linear_weights, taylor,
                               progress=ctx.progress, desc="taylor")
             return LayerScores(per_layer=scores)
-        weights = [[lin.weight for lin in adapter.linears(layer).values()] for layer in adapter.layers]
+        weights = [adapter.linear_weights(layer) for layer in adapter.layers]
         device = model.get_input_embeddings().weight.device
         with gradients_for(model, (w for ws in weights for w in ws)):
             batches = batched(ctx.calibration(), ctx.batch_size)
