@@ -96,6 +96,10 @@ def solve_with_factor(weight: torch.Tensor, factor: tuple[torch.Tensor, torch.Te
         mask = torch.zeros(rows, cols, dtype=torch.bool, device=w.device)  # [out, in], filled as we go
     width = nm[1] if nm else ADAPTIVE_WIDTH
     adaptive = nm is not None or group == "block128"
+    # the two updates' products go to buffers made once: a fresh [out, b - i] product per column
+    # costs an allocation (and, under a streamed run's allocator settings, page faults) per column
+    outer = torch.empty(rows * min(blocksize, cols), dtype=w.dtype, device=w.device)
+    rest = torch.empty(rows * max(cols - blocksize, 0), dtype=w.dtype, device=w.device)
 
     for i1 in range(0, cols, blocksize):
         i2 = min(i1 + blocksize, cols)
@@ -114,8 +118,15 @@ def solve_with_factor(weight: torch.Tensor, factor: tuple[torch.Tensor, torch.Te
             q[mask[:, col]] = 0
             q1[:, i] = q
             e = (column - q) / hinv1[i, i]  # [out]
-            w1[:, i:] -= e.unsqueeze(1) @ hinv1[i, i:].unsqueeze(0)  # [out, b - i]
+            w1[:, i:] -= torch.mm(e.unsqueeze(1), hinv1[i, i:].unsqueeze(0),
+                                  out=_matrix(outer, rows, i2 - col))  # [out, b - i]
             err1[:, i] = e
         w[:, i1:i2] = q1
-        w[:, i2:] -= err1 @ hinv[i1:i2, i2:]  # [out, in - i2] lazy update of the rest
+        if i2 < cols:  # lazy update of the rest
+            w[:, i2:] -= torch.mm(err1, hinv[i1:i2, i2:], out=_matrix(rest, rows, cols - i2))  # [out, in - i2]
     return w, mask
+
+
+def _matrix(buffer: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """A contiguous [rows, cols] view of the front of a flat buffer."""
+    return buffer[: rows * cols].view(rows, cols)
