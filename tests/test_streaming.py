@@ -148,6 +148,21 @@ def test_changed_layers_are_written_and_read_back(tiny_model_dirs, tmp_path):
     assert bool((read_tensor(down) == 0).all()) and len(set(names.values())) == adapter.num_layers + 2  # embeddings, head
 
 
+def test_a_dropped_streamed_model_removes_its_changed_layers(tiny_model_dirs, tmp_path):
+    """A notebook that loads streamed models one after another must not fill the disk with the
+    changed layers of models it no longer holds (for a 70B model, the whole pruned weights)."""
+    import gc
+
+    model = streamed(tiny_model_dirs["llama"], tmp_path)
+    adapter, work_dir = ModelAdapter(model), store_of(model).work_dir
+    with adapter.layer_in_memory(0) as layer:
+        adapter.linears(layer)["mlp.down_proj"].weight.zero_()
+    assert list(work_dir.glob("layer-*.safetensors"))
+    del model, adapter, layer
+    gc.collect()
+    assert not work_dir.exists()
+
+
 def test_streamed_backward_spills_the_layer_inputs_beyond_the_budget(tiny_model_dirs, tmp_path):
     """Taylor scores equal to the whole-model backward, with every layer's input on disk."""
     path = tiny_model_dirs["llama"]

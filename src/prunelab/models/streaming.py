@@ -103,17 +103,23 @@ class LayerStore:
         model: the skeleton, layers on meta.
         arch: its architecture entry (the layers' attribute path).
         tensors: name -> location of every tensor of the source checkpoint.
-        work_dir: where changed layers are written (a folder of this run; removed at `close`).
+        work_dir: where changed layers are written (a folder of this run; removed at `close`, or
+            when the model is garbage-collected or the interpreter exits, whichever comes first).
         device: where layers are read to and computed.
+
+    The store holds its model weakly (it is the value of a weak-keyed map from the model), so a
+    notebook that drops a streamed model frees it and its work folder.
     """
 
     def __init__(self, model: nn.Module, arch: Architecture, tensors: dict[str, TensorLocation],
                  work_dir: Path, device: torch.device):
-        self.model, self.arch, self.device = model, arch, torch.device(device)
+        self._model = weakref.ref(model)
+        self.arch, self.device = arch, torch.device(device)
         self.source = Path(next(iter(tensors.values())).file).parent if tensors else None
         self.source_layers = len(model.get_submodule(arch.layers))
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._remove_work_dir = weakref.finalize(self, shutil.rmtree, str(self.work_dir), True)
         layers = model.get_submodule(arch.layers)
         self.sources: dict[nn.Module, dict[str, TensorLocation]] = {}
         for index, layer in enumerate(layers):
@@ -300,9 +306,16 @@ class LayerStore:
         largest = max((self.layer_bytes(layer) for layer in self.layers()), default=0)
         return outside + 2 * largest
 
+    @property
+    def model(self) -> nn.Module:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("the streamed model of this LayerStore was garbage-collected")
+        return model
+
     def close(self) -> None:
         """Remove the work folder (the changed layers; the run saves what it keeps first)."""
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        self._remove_work_dir()
 
 
 def rebuild_rotary(model: nn.Module, arch: Architecture, device: torch.device) -> None:
