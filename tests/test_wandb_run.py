@@ -26,7 +26,12 @@ def test_offline_run_reads_back_with_names_steps_summary_and_artifacts(tiny_mode
 
     # streamed: stage times as they finish, dense before pruned, one step per pruned layer
     steps = [set(step) for step in run.history]
-    first = lambda key: next(i for i, keys in enumerate(steps) if key in keys)  # noqa: E731
+
+    def first(key: str) -> int:
+        found = [i for i, keys in enumerate(steps) if key in keys]
+        assert found, f"{key} in no logged step; the steps logged: {[sorted(s) for s in steps]}"
+        return found[0]
+
     ppl = "ppl/local_text/token"
     assert first("time/load_s") < first(f"dense/{ppl}") < first("prune/layer") < first(f"pruned/{ppl}")
     layers = [step["prune/layer"] for step in run.history if "prune/layer" in step]
