@@ -254,7 +254,45 @@ def test_run_records_mode_and_stage_peaks(tmp_path, monkeypatch):
         "decoder_layers"]
     assert set(memory["stage_peak_rss_bytes"]) >= {"load", "dense_eval", "prune", "evaluate"}
     assert memory["estimate_bytes"]["streamed"] < memory["estimate_bytes"]["resident"]
+    disk = memory["disk_estimate_bytes"]  # Wanda rewrites every layer; ppl alone needs no checkpoint
+    assert disk["changed_layers"] == memory["estimate_bytes"]["decoder_layers"] > 0
+    assert disk["forward_checkpoint"] == 0 == disk["backward_inputs"]
     assert settings == [True, False] and not tokens.tokenize_long_texts_in_child(False)
+
+
+def test_a_disk_too_small_for_the_changed_layers_is_refused_before_work(tiny_model_dirs, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from prunelab.models.loading import MemoryRequest
+
+    config = AutoConfig.from_pretrained(tiny_model_dirs["llama"])
+    need = estimate(config, torch.float32, 256)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, need.decoder_layers - 1))
+    work_dir = tmp_path / "work"
+    spec = ModelSpec(name_or_path=str(tiny_model_dirs["llama"]), device="cpu", streaming=True)
+    with pytest.raises(ModelCheckError, match=r"may write up to .*\(changed layers"):
+        load_model(spec, memory=MemoryRequest(256, work_dir=work_dir, budget_bytes=1 << 34))
+    assert not work_dir.exists()
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, need.decoder_layers))
+    assert load_model(spec, memory=MemoryRequest(256, work_dir=work_dir, budget_bytes=1 << 34)).mode == "streamed"
+
+
+def test_the_disk_estimate_adds_what_backward_and_zero_shot_write(tiny_model_dirs):
+    from prunelab.models.memory import streamed_disk_bytes
+
+    config = AutoConfig.from_pretrained(tiny_model_dirs["llama"])
+    need = estimate(config, torch.float32, 256)
+    layer_inputs = 256 * config.hidden_size * 4  # one buffer: the calibration entering a layer
+    assert need.num_layers == config.num_hidden_layers
+    assert streamed_disk_bytes(need, spill=False) == {"changed_layers": need.decoder_layers, "spilled_activations": 0,
+                                                      "backward_inputs": 0, "forward_checkpoint": 0}
+    full = streamed_disk_bytes(need, spill=True, layer_gradients=True, forward_checkpoint=True)
+    assert full["spilled_activations"] == 2 * layer_inputs
+    assert full["backward_inputs"] == (config.num_hidden_layers + 1) * layer_inputs
+    assert full["forward_checkpoint"] == need.whole_model
+    assert streamed_disk_bytes(need, spill=False, rewrites_layers=False)["changed_layers"] == 0  # depth pruning
 
 
 def test_run_that_cannot_fit_is_refused_before_work(tmp_path):

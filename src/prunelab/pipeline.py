@@ -143,7 +143,8 @@ def memory_request(setup: RunSetup) -> MemoryRequest:
     gradients = any(getattr(part, "layer_gradients", False) for part in
                     (getattr(setup.pruning, "scorer", None), getattr(setup.pruning, "allocation", None)))
     return MemoryRequest(calib.nsamples * calib.seqlen, setup.calibration_batch_size * calib.seqlen, state,
-                         budget, work_dir, gradients)
+                         budget, work_dir, gradients, forward_checkpoint=setup.evaluation.zeroshot is not None,
+                         rewrites_layers=isinstance(setup.pruning, WeightPruning) or setup.recovery.name != "none")
 
 
 def check_streamable(setup: RunSetup) -> None:

@@ -24,7 +24,9 @@ from prunelab.models.boundary_operators import apply_saved_boundary_operators
 from prunelab.models.checks import (
     SKIP_MEMORY_CHECK, check_finite, check_loaded_weights, check_memory, guarded,
 )
-from prunelab.models.memory import choose_mode, default_state_bytes, detected_budget, estimate
+from prunelab.models.memory import (
+    check_disk, choose_mode, default_state_bytes, detected_budget, estimate, streamed_disk_bytes,
+)
 from prunelab.models.identity import identity_digest, weight_file_hashes
 from prunelab.models.spec import ModelSpec
 from prunelab.models.streaming import store_of, streamed_skeleton
@@ -45,6 +47,8 @@ class MemoryRequest:
     budget_bytes: int | None = None  # runtime.memory_budget_gb; None: detected (models.memory)
     work_dir: Path | None = None  # where a streamed run writes its changed layers
     layer_gradients: bool = False  # the method back-propagates (one layer's weight gradients held)
+    forward_checkpoint: bool = False  # zero-shot evaluation: a streamed model is saved for offload
+    rewrites_layers: bool = True  # width pruning (or a recovery) rewrites every layer; depth pruning none
 
 
 @dataclass
@@ -94,8 +98,12 @@ def choose_memory_mode(spec: ModelSpec, config, memory: MemoryRequest | None) ->
     if os.environ.get(SKIP_MEMORY_CHECK):
         budget = None if spec.streaming != "auto" else budget
     mode, spill = choose_mode(spec.streaming, need, budget, origin)
-    return mode, {"estimate_bytes": need.as_dict(), "budget_bytes": budget, "budget_from": origin,
-                  "activations_spilled": spill}
+    record = {"estimate_bytes": need.as_dict(), "budget_bytes": budget, "budget_from": origin,
+              "activations_spilled": spill}
+    if mode == "streamed":
+        record["disk_estimate_bytes"] = streamed_disk_bytes(need, spill, memory.layer_gradients,
+                                                            memory.forward_checkpoint, memory.rewrites_layers)
+    return mode, record
 
 
 def load_model(spec: ModelSpec, cache_dir: str | Path | None = None,
@@ -153,8 +161,12 @@ def _load_streamed(spec: ModelSpec, source: str, config, architecture, device: t
         source = guarded("the model files", source, lambda: snapshot_download(
             source, revision=hub_kwargs.get("revision"), allow_patterns=["*.json", "*.safetensors",
                                                                           "*.model", "*.txt"]))
+    temp_parent = str(cache_dir) if cache_dir and Path(cache_dir).is_dir() else None
+    if memory_record and memory_record.get("disk_estimate_bytes") and not os.environ.get(SKIP_MEMORY_CHECK):
+        check_disk(memory_record["disk_estimate_bytes"],
+                   Path(memory.work_dir) if memory.work_dir else Path(temp_parent or tempfile.gettempdir()))
     work_dir = Path(memory.work_dir) if memory and memory.work_dir else Path(tempfile.mkdtemp(
-        prefix="prunelab-streamed-", dir=cache_dir if cache_dir and Path(cache_dir).is_dir() else None))
+        prefix="prunelab-streamed-", dir=temp_parent))
     log.info("streaming %s (%s, %s): decoder layers read one at a time; changed layers in %s",
              source, spec.dtype, device, work_dir)
     model = guarded("the model weights", source, lambda: streamed_skeleton(

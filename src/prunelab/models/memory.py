@@ -18,6 +18,7 @@ and the machine's available memory plus what the process holds already.
 from __future__ import annotations
 
 import resource
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -104,6 +105,8 @@ class MemoryEstimate:
                 + self.baseline)
 
     activation_batch: int = 0  # one batch entering and leaving a layer (what remains when spilled)
+    decoder_layers: int = 0  # every decoder layer: what a streamed run rewrites at most
+    num_layers: int = 0
 
     @property
     def streamed_spilled(self) -> int:
@@ -111,7 +114,8 @@ class MemoryEstimate:
         return self.streamed - self.activations + self.activation_batch
 
     def as_dict(self) -> dict[str, int]:
-        return {**asdict(self), "resident": self.resident, "streamed": self.streamed,
+        parts = {name: value for name, value in asdict(self).items() if name != "num_layers"}  # bytes only
+        return {**parts, "resident": self.resident, "streamed": self.streamed,
                 "streamed_spilled": self.streamed_spilled}
 
 
@@ -124,6 +128,8 @@ class ModelSizes:
     largest_layer: int
     largest_outside: int  # the larger of the streamed embeddings and head (0 when tied)
     linears: list[tuple[int, int]]  # [out, in] of the largest layer's linears
+    decoder_layers: int = 0  # all decoder layers
+    num_layers: int = 0
 
 
 def model_sizes(config, dtype: torch.dtype) -> ModelSizes:
@@ -147,7 +153,7 @@ def model_sizes(config, dtype: torch.dtype) -> ModelSizes:
     linears = [tuple(m.weight.shape) for m in layers[largest].modules()
                if isinstance(m, torch.nn.Linear)] if largest is not None else []
     return ModelSizes(whole, whole - sum(per_layer) - sum(streamed), max(per_layer, default=0),
-                      max(streamed, default=0), linears)
+                      max(streamed, default=0), linears, sum(per_layer), len(per_layer))
 
 
 def private_memory() -> int:
@@ -183,7 +189,7 @@ def estimate(config, dtype: torch.dtype, activation_tokens: int,
         state += sum(o * i for o, i in sizes.linears) * size
     return MemoryEstimate(sizes.whole, sizes.resident_outside, sizes.largest_layer,
                           max(sizes.largest_layer, sizes.largest_outside), activations, state,
-                          private_memory(), min(batch, activations))
+                          private_memory(), min(batch, activations), sizes.decoder_layers, sizes.num_layers)
 
 
 def choose_mode(streaming: bool | str, need: MemoryEstimate, budget: int | None, budget_source: str
@@ -214,3 +220,38 @@ def choose_mode(streaming: bool | str, need: MemoryEstimate, budget: int | None,
     raise ModelCheckError(f"even streamed, this run needs about {gib(need.streamed_spilled)} ({parts}) but "
                           f"the budget is {gib(budget)} ({budget_source}); use a smaller calibration batch "
                           f"(runtime.calibration_batch_size), a smaller dtype, or more memory")
+
+
+def streamed_disk_bytes(need: MemoryEstimate, spill: bool, layer_gradients: bool = False,
+                        forward_checkpoint: bool = False, rewrites_layers: bool = True) -> dict[str, int]:
+    """What a streamed run may write to its work folder, by part, at most (they are added up):
+    - changed_layers: every decoder layer rewritten (width pruning changes them all; depth pruning
+      without a recovery removes layers and rewrites none: `rewrites_layers=False`);
+    - spilled_activations: the two calibration buffers, when they do not fit beside the layer;
+    - backward_inputs: every layer's input kept by a back-propagating method (L + 1 buffers);
+    - forward_checkpoint: a zero-shot evaluation's checkpoint of the current model
+      (`models.offload`; accelerate's disk offload then reads its safetensors shards in place).
+    The pruned model a run saves (`save_model`) goes to its output folder and is not counted."""
+    buffer = need.activations // 2
+    return {"changed_layers": need.decoder_layers if rewrites_layers else 0,
+            "spilled_activations": need.activations if spill else 0,
+            "backward_inputs": (need.num_layers + 1) * buffer if layer_gradients else 0,
+            "forward_checkpoint": need.whole_model if forward_checkpoint else 0}
+
+
+def check_disk(parts: dict[str, int], folder: Path) -> None:
+    """Refuse, in one line and before any work, a streamed run whose work folder's disk cannot
+    hold what it may write (`streamed_disk_bytes`): hours into a 70B run is too late to learn it."""
+    existing = Path(folder)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return
+    need = sum(parts.values())
+    if need > free:
+        listed = ", ".join(f"{name.replace('_', ' ')} {gib(value)}" for name, value in parts.items() if value)
+        raise ModelCheckError(f"a streamed run may write up to {gib(need)} to {folder} ({listed}) but "
+                              f"{gib(free)} are free there; run from a folder on a larger disk (hydra.run.dir; "
+                              "the Python API writes to its cache folder or TMPDIR)")
