@@ -37,6 +37,11 @@ def gib(value: float) -> str:
     return f"{value / GIB:.2f} GiB"
 
 
+def readable_bytes(value: float) -> str:
+    """GiB from 1 GiB up, MiB below (a small model's folder is not "0.00 GiB")."""
+    return gib(value) if value >= GIB else f"{value / 1024**2:.1f} MiB"
+
+
 def process_status_bytes(field: str) -> int | None:
     """A memory field of /proc/self/status (VmRSS, RssAnon, VmData, VmHWM) in bytes; None off Linux."""
     try:
@@ -251,7 +256,8 @@ def check_disk(parts: dict[str, int], folder: Path) -> None:
         return
     need = sum(parts.values())
     if need > free:
-        listed = ", ".join(f"{name.replace('_', ' ')} {gib(value)}" for name, value in parts.items() if value)
-        raise ModelCheckError(f"a streamed run may write up to {gib(need)} to {folder} ({listed}) but "
-                              f"{gib(free)} are free there; run from a folder on a larger disk (hydra.run.dir; "
+        listed = ", ".join(f"{name.replace('_', ' ')} {readable_bytes(value)}" for name, value in parts.items()
+                           if value)
+        raise ModelCheckError(f"a streamed run may write up to {readable_bytes(need)} to {folder} ({listed}) but "
+                              f"{readable_bytes(free)} are free there; run from a folder on a larger disk (hydra.run.dir; "
                               "the Python API writes to its cache folder or TMPDIR)")
