@@ -11,7 +11,7 @@ trap 'rm -rf "$work"' EXIT
 "$repo/.venv/bin/python" -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" "$repo"
 wheel=$(ls "$work"/dist/prunelab-*.whl)
 "$repo/.venv/bin/python" -c "import sys, zipfile; names = zipfile.ZipFile(sys.argv[1]).namelist(); \
-assert 'prunelab/conf/config.yaml' in names, 'the wheel lacks the packaged configs'" "$wheel"
+assert 'prunelab/conf/config.yaml' in names and 'prunelab/conf/model/smollm2_135m.yaml' in names, 'the wheel lacks the packaged configs'" "$wheel"
 
 "$PYTHON" -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install --quiet "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true

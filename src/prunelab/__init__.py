@@ -1,7 +1,7 @@
 """prunelab: pruning large language models, evaluated and compared fairly across seeds.
 
 The pipeline is allocate (weight pruning) or score (depth pruning) -> prune -> recover -> evaluate
-(see `prunelab.pipeline`); Hydra config groups shipped in `prunelab/conf/` select the model, data,
+(see `prunelab.pipeline`); Hydra config groups (`conf/`, shipped as `prunelab/conf/`) select the model, data,
 pruning method, recovery, evaluators and tracking.
 
     import prunelab

@@ -11,7 +11,7 @@ runs as the CLI.
     record = prunelab.run(["pruning=sparsegpt", "seed=1"])     # exactly what `prunelab ...` runs
 
 Every method, allocation policy, depth scorer and recovery is built from the same packaged YAMLs
-the CLI composes (`prunelab/conf/`), so the defaults are the same faithful ones, and a keyword the
+the CLI composes (`conf/`), so the defaults are the same faithful ones, and a keyword the
 method does not have is the same one-line error. The CLI is a thin layer over `run_config`.
 """
 

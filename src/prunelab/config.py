@@ -1,8 +1,8 @@
 """The packaged Hydra configs: where they are, how overrides are checked and composed, and how a
 composed config becomes the typed `RunSetup` of one run.
 
-The configs ship inside the package (`prunelab/conf/`), so a wheel installed anywhere composes
-them. A user's own groups and options come in through Hydra's search path: `--config-dir DIR` on
+The configs live in `conf/` of the repository and ship inside the package as `prunelab/conf/` (the
+package `prunelab.conf`), so a wheel installed anywhere composes them. A user's own groups and options come in through Hydra's search path: `--config-dir DIR` on
 the command line, or `PRUNELAB_CONF=DIR[:DIR...]` for the CLI and the Python API alike (the
 `hydra_plugins.prunelab_searchpath` plugin prepends them, so a user's option of the same name wins).
 The CLI (`prunelab.cli`) and the Python API (`prunelab.api`) both compose and build here.
@@ -11,6 +11,7 @@ The CLI (`prunelab.cli`) and the Python API (`prunelab.api`) both compose and bu
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -24,8 +25,19 @@ from omegaconf.errors import OmegaConfBaseException
 
 from prunelab.errors import ConfigError, PrunelabError
 
+
+
+def _packaged_conf() -> Path:
+    """The folder of the package `prunelab.conf`: `conf/` of a checkout (editable install; pyproject
+    maps the package there), `prunelab/conf/` of an installed wheel."""
+    spec = importlib.util.find_spec("prunelab.conf")
+    if spec is None or not spec.submodule_search_locations:
+        raise PrunelabError("the packaged configs (prunelab.conf) are missing; reinstall prunelab")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
 #: The packaged configs (package data of the wheel).
-PACKAGE_CONF = Path(__file__).resolve().parent / "conf"
+PACKAGE_CONF = _packaged_conf()
 #: Kept for scripts written against earlier versions: the packaged config folder.
 CONF_DIR = PACKAGE_CONF
 
@@ -57,7 +69,7 @@ def option_file(group: str, name: str) -> Path:
 
 
 def model_preset(name: str, **changes: Any):
-    """The ModelSpec of a `model=` option (prunelab/conf/model/<name>.yaml), for scripts and probes that
+    """The ModelSpec of a `model=` option (conf/model/<name>.yaml), for scripts and probes that
     load a model by its preset name outside a Hydra run; `changes` override its fields."""
     from prunelab.models import ModelSpec
 
@@ -191,7 +203,7 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
 
 def build_setup(cfg: DictConfig, output_dir: Path | None = None):
     """The typed RunSetup of a composed config (validated: a bad value is one ConfigError)."""
-    from prunelab.pipeline import RunSetup
+    from prunelab.run_setup import RunSetup
 
     config = resolved(cfg)
     runtime = cfg.runtime

@@ -12,7 +12,7 @@ Pruning of Large Language Models", NeurIPS 2024 (code: haiquanlu/AlphaPruning, `
    mean (`mean: params`, the reference) or the plain mean (`mean: plain`) is S. The band is
    therefore [S(1 - eps), S(1 + eps)] times one common factor close to 1.
 3. All linears of a block share its sparsity.
-Select with `pruning/allocation=alpha` (prunelab/conf/pruning/allocation/alpha.yaml). Data-free; the alphas
+Select with `pruning/allocation=alpha` (conf/pruning/allocation/alpha.yaml). Data-free; the alphas
 are cached per model.
 
 Reference quirk (`peak_window: reference`): the candidate window's lower edge is computed as

@@ -7,7 +7,7 @@ The baseline the PALS paper (the seed method) compares against, and reports wors
 2. Map affinely into [S - bound, S + bound] (bound 0.05): a higher gradient gives a lower sparsity,
    with the mean (`mean: plain` or `params`) exactly S (`allocation.bounds.centred_band`).
 3. All linears of a block share its sparsity.
-Select with `pruning/allocation=gradient` (prunelab/conf/pruning/allocation/gradient.yaml).
+Select with `pruning/allocation=gradient` (conf/pruning/allocation/gradient.yaml).
 
 One sequence per backward pass keeps the statistic independent of the calibration batch size.
 Memory: a full forward and backward of the model plus one gradient per linear weight (as large as

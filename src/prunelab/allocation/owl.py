@@ -6,7 +6,7 @@ High Sparsity", 2023 (code: luuyin/OWL, `prune_wanda_outlier`).
    together) above `outlier_m` x their mean.
 2. Normalise D to [0, 2 lambda]; density_l = D_l - mean(D) + (1 - S), i.e. s_l = S - (D_l - mean D).
 3. All linears of a block share s_l: more outliers, lower sparsity.
-Select with `pruning/allocation=owl` (prunelab/conf/pruning/allocation/owl.yaml).
+Select with `pruning/allocation=owl` (conf/pruning/allocation/owl.yaml).
 
 The band is 2 lambda wide and centred on the mean of D, not on S, so one block can sit more than
 lambda from S (as in the reference). `mean: plain` (the reference) takes the plain mean over blocks;

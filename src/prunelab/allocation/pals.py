@@ -9,7 +9,7 @@ PALS 10.96 perplexity (mean of 9 runs).
    the layer farthest from the mean percentile sits on the bound, and the mean (`mean: plain` or
    `params`) is exactly S (`allocation.bounds.centred_band`).
 3. All linears of a block share its sparsity.
-Select with `pruning/allocation=pals` (prunelab/conf/pruning/allocation/pals.yaml).
+Select with `pruning/allocation=pals` (conf/pruning/allocation/pals.yaml).
 
 Which activations: the inputs of the layer's linears, not the hidden states entering the block.
 They are what the pruned weights multiply (a linear's pruning error is (W - W') X with X its input),

@@ -6,7 +6,7 @@ this policy makes that claim testable.
 2. Map the draws affinely into [S - bound, S + bound] (bound 0.05) with the mean (`mean: plain` or
    `params`) exactly S (`allocation.bounds.centred_band`).
 3. All linears of a block share its sparsity.
-Select with `pruning/allocation=random` (prunelab/conf/pruning/allocation/random.yaml). No data, no model pass:
+Select with `pruning/allocation=random` (conf/pruning/allocation/random.yaml). No data, no model pass:
 the same seed gives the same allocation, another seed another one.
 """
 

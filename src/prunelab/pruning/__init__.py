@@ -1,9 +1,9 @@
 """Pruning methods, masks and reports. Each method lives in its own module (import it from there,
-e.g. `prunelab.pruning.wanda.Wanda`), selected by a YAML in `prunelab/conf/pruning/`.
+e.g. `prunelab.pruning.wanda.Wanda`), selected by a YAML in `conf/pruning/`.
 
 Nothing is imported here, so importing one module of the package loads no method it does not use.
 `prunelab.pruning.Dense` and `prunelab.pruning.Magnitude` are still resolved, on first access,
-because `prunelab/conf/pruning/dense.yaml` and `magnitude.yaml` name them: a `_target_` string is part of the
+because `conf/pruning/dense.yaml` and `magnitude.yaml` name them: a `_target_` string is part of the
 config signature, and changing it would rename those settings in every record and committed study
 table.
 """

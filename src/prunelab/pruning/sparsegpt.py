@@ -8,7 +8,7 @@ Frantar & Alistarh, "SparseGPT: Massive Language Models Can Be Accurately Pruned
    the already-updated weights.
 3. Zero each pruned weight and move its error onto the columns not yet visited (OBS update, batched
    lazily per block). The math is in `pruning.sparsegpt_solver`.
-Select with `pruning=sparsegpt` (prunelab/conf/pruning/sparsegpt.yaml); layer targets from
+Select with `pruning=sparsegpt` (conf/pruning/sparsegpt.yaml); layer targets from
 `pruning/allocation`.
 
 The defaults are the reference (IST-DASLab/sparsegpt, as run by locuslab/wanda `prune_sparsegpt`):

@@ -6,7 +6,7 @@ Sun, Liu, Bair & Kolter, "A Simple and Effective Pruning Approach for Large Lang
 2. Score S_ij = |W_ij| * ||X_j||_2.
 3. Prune the lowest s of each output row (`group: row`, the reference's comparison group;
    `matrix` / `block128` switch it), or the n lowest of every m consecutive inputs ("2:4", "4:8").
-Select with `pruning=wanda` (prunelab/conf/pruning/wanda.yaml); layer-wise targets from `pruning/allocation`.
+Select with `pruning=wanda` (conf/pruning/wanda.yaml); layer-wise targets from `pruning/allocation`.
 
 Variant (`use_variant: true`, the paper's appendix): per row, prune the smallest scores whose
 cumulative sum stays below alpha x the row's total; alpha is shared by the matrix and found by

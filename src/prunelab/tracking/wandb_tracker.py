@@ -7,7 +7,9 @@
   (`prune/layer`, its measured sparsity, elapsed time), then the pruned metrics and their change
   over dense; the final values are put in the summary.
 - Tables: per-layer sparsity (target and actual) and every zero-shot item (dense and pruned
-  correctness, the pruned model's margin); heatmaps of all-pairs layer matrices (WRP, swap-KL).
+  correctness, the pruned model's margin); heatmaps of all-pairs layer matrices (WRP, swap-KL),
+  drawn by the `matrix_figure` the tracker is given (conf/tracking/wandb.yaml names the study
+  plots' `prunelab.analysis.plots.plot_matrix`: tracking draws nothing itself).
 - Artifacts: the record (`result`, so `prunelab aggregate --wandb-project` can rebuild tables)
   and, with `save_model=true`, the saved model (`model`).
 
@@ -21,7 +23,7 @@ import logging
 import netrc
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -66,16 +68,27 @@ class WandbTracker:
         mode: auto (online with credentials, else offline), online, offline or disabled.
         dir: where W&B writes its local files (offline runs land in <dir>/wandb/offline-run-*).
         tags: extra tags for every run.
+        matrix_figure: draws an all-pairs layer matrix, `(matrix, title) -> matplotlib Figure`, or
+            its dotted import path; None logs no heatmaps.
     """
 
     def __init__(self, project: str = "prunelab", entity: str | None = None, mode: str = "auto",
-                 dir: str | None = None, tags: list[str] | None = None):
-        if mode not in MODES:
-            from prunelab.errors import ConfigError
+                 dir: str | None = None, tags: list[str] | None = None,
+                 matrix_figure: Callable[[Any, str], Any] | str | None = None):
+        from prunelab.errors import ConfigError
 
+        if mode not in MODES:
             raise ConfigError(f"tracking.mode={mode!r}: use auto, online, offline or disabled")
         self.project, self.entity, self.mode, self.dir = project, entity, mode, dir
         self.tags = list(tags or [])
+        if isinstance(matrix_figure, str):
+            from hydra.utils import get_method
+
+            try:
+                matrix_figure = get_method(matrix_figure)
+            except Exception:
+                raise ConfigError(f"tracking.matrix_figure={matrix_figure!r} is not an importable function") from None
+        self.matrix_figure = matrix_figure
         self.run = None
 
     def _resolved_mode(self) -> str:
@@ -133,10 +146,8 @@ class WandbTracker:
         columns, rows = zeroshot_items(record)
         if rows:
             tables["zeroshot/items"] = wandb.Table(columns=columns, data=rows)
-        for name, matrix in layer_matrices(record.get("pruning") or {}).items():
-            from prunelab.analysis.plots import plot_matrix
-
-            figure = plot_matrix(matrix, name)
+        for name, matrix in layer_matrices(record.get("pruning") or {}).items() if self.matrix_figure else ():
+            figure = self.matrix_figure(matrix, name)
             figure.canvas.draw()
             tables[f"heatmap/{name}"] = wandb.Image(np.asarray(figure.canvas.buffer_rgba()))
         if tables:

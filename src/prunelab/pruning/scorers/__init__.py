@@ -1,4 +1,4 @@
-"""Layer scorers for depth pruning, one module per paper; selected by `prunelab/conf/pruning/scorer/*.yaml`."""
+"""Layer scorers for depth pruning, one module per paper; selected by `conf/pruning/scorer/*.yaml`."""
 
 from prunelab.pruning.scorers.base import LayerScorer, LayerScores, ScoreRequest
 
