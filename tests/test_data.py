@@ -137,3 +137,23 @@ def test_a_child_that_cannot_tokenize_falls_back_to_this_process(tokenizer, long
     monkeypatch.setattr(tokens.sys, "executable", "/bin/false")  # the child exits with 1
     assert torch.equal(tokens.encode(tokenizer, LONG_TEXT), tokens._encode_here(tokenizer, LONG_TEXT))
     assert "tokenizing in a child process failed (RuntimeError: exit 1" in caplog.text
+
+
+def test_a_registered_corpus_calibrates_and_evaluates_like_a_shipped_one():
+    from prunelab.data import CalibrationSpec, DataSpec
+    from prunelab.data.sources import Corpus, corpus_version, documents, register_corpus
+
+    rows = {"train": ["alpha beta gamma"] * 3, "test": ["delta epsilon"]}
+    register_corpus("my_corpus", Corpus(documents=rows.__getitem__, version=lambda: "mine-1"))
+    DataSpec(calibration=CalibrationSpec(source="my_corpus", nsamples=1, seqlen=4), eval_corpora=("my_corpus",))
+    assert documents("my_corpus", "test") == ["delta epsilon"]
+    assert corpus_version("my_corpus") == "mine-1"
+    with pytest.raises(ConfigError, match="not one of"):
+        CalibrationSpec(source="not_registered", nsamples=1, seqlen=4)
+
+
+def test_the_testbed_corpus_comes_from_its_entry_point():
+    from importlib import metadata
+
+    (entry,) = metadata.entry_points(group="prunelab.corpora", name="testbed")
+    assert entry.value == "prunelab.testbed.registered_corpus:CORPUS"

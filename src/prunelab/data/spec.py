@@ -6,11 +6,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from prunelab.data.sources import read_text_file
+from prunelab.data.sources import plugin_corpus, read_text_file
 from prunelab.errors import ConfigError
 
+#: The corpora that ship with prunelab (testbed through its `prunelab.corpora` plugin); a plugin
+#: corpus of any other name is accepted too.
 CALIBRATION_SOURCES = ("c4", "wikitext2", "ptb", "local_text", "testbed", "realtext")
 EVAL_CORPORA = ("wikitext2", "c4", "ptb", "local_text", "testbed", "realtext")
+
+
+def _known(name: str, shipped: tuple[str, ...]) -> bool:
+    return name in shipped or plugin_corpus(name) is not None
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class CalibrationSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "paths", tuple(self.paths))
-        if self.source not in CALIBRATION_SOURCES:
+        if not _known(self.source, CALIBRATION_SOURCES):
             raise ConfigError(
                 f"data.calibration.source={self.source!r} is not one of {', '.join(CALIBRATION_SOURCES)}"
             )
@@ -56,7 +62,7 @@ class DataSpec:
             object.__setattr__(self, "calibration", CalibrationSpec(**self.calibration))
         object.__setattr__(self, "eval_corpora", tuple(self.eval_corpora))
         object.__setattr__(self, "eval_paths", tuple(self.eval_paths))
-        unknown = [c for c in self.eval_corpora if c not in EVAL_CORPORA]
+        unknown = [c for c in self.eval_corpora if not _known(c, EVAL_CORPORA)]
         if unknown:
             raise ConfigError(f"data.eval_corpora: unknown {unknown}; known: {', '.join(EVAL_CORPORA)}")
         if "local_text" in self.eval_corpora:

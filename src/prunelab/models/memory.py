@@ -31,6 +31,10 @@ from prunelab.models.checks import free_bytes
 GIB = 1024**3
 #: Bytes per weight the unstructured mask's sort needs (scores, |W|, sorted values, indices, mask).
 MASK_BYTES_PER_WEIGHT = 21
+#: Rows of a row-group mask computed at once (`pruning.masks`): its sort buffers are then those of
+#: ROW_CHUNK_ENTRIES weights, not of the whole matrix (a streamed 70B layer's MLP). A memory
+#: bound, so it is set here, beside the estimate that counts on it.
+ROW_CHUNK_ENTRIES = 1 << 22
 
 
 def gib(value: float) -> str:
@@ -171,9 +175,7 @@ def private_memory() -> int:
 
 def default_state_bytes(out_features: int, in_features: int) -> int:
     """Scores, threshold copy and mask of one linear (9 bytes a weight), and the sort buffers of
-    one chunk of rows (`pruning.masks.ROW_CHUNK_ENTRIES`): magnitude, Wanda."""
-    from prunelab.pruning.masks import ROW_CHUNK_ENTRIES
-
+    one chunk of rows (ROW_CHUNK_ENTRIES): magnitude, Wanda."""
     weights = out_features * in_features
     return 9 * weights + (MASK_BYTES_PER_WEIGHT - 5) * min(weights, ROW_CHUNK_ENTRIES)
 

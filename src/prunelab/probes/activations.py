@@ -9,15 +9,13 @@ model one has.
 Per state h_l entering layer l (and h_L after the last layer): max |h|, median |h|, their ratio,
 and the dimension holding the maximum.
 
-    python -m prunelab.probes.activations testbed_llama smollm2_135m  [--samples 4 --seqlen 256]
+    prunelab activations testbed_llama smollm2_135m  [--samples 4 --seqlen 256]   (prunelab.commands)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -53,34 +51,3 @@ def summary(profiles: list[StateProfile]) -> dict:
     peak = max(profiles, key=lambda p: p.ratio)
     return {"max_ratio": peak.ratio, "at_state": peak.layer, "max_abs": peak.max_abs,
             "top_dims": Counter(p.top_dim for p in profiles).most_common(3)}
-
-
-def main(argv: list[str] | None = None) -> None:
-    from prunelab.cli import model_preset
-    from prunelab.data import CalibrationSpec, calibration_samples
-    from prunelab.errors import ConfigError
-    from prunelab.models import load_model
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="+", help="options of the model config group")
-    parser.add_argument("--source", default="realtext", help="calibration source of the token windows")
-    parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--seqlen", type=int, default=256)
-    parser.add_argument("--json", action="store_true", help="print every state's profile as JSON")
-    args = parser.parse_args(argv)
-    for name in args.models:
-        try:
-            spec = model_preset(name, device="cpu")
-        except ConfigError as error:
-            parser.error(str(error))
-        loaded = load_model(spec)
-        windows = CalibrationSpec(source=args.source, nsamples=args.samples,
-                                  seqlen=min(args.seqlen, loaded.config.max_position_embeddings))
-        profiles = profile(loaded.adapter, calibration_samples(windows, loaded.tokenizer, seed=0))
-        print(json.dumps({"model": name, "tokens": args.samples * windows.seqlen, "source": args.source,
-                          **summary(profiles),
-                          **({"states": [asdict(p) for p in profiles]} if args.json else {})}))
-
-
-if __name__ == "__main__":
-    main()

@@ -19,6 +19,7 @@ import re
 import torch
 
 from prunelab.errors import ConfigError
+from prunelab.models.memory import ROW_CHUNK_ENTRIES
 
 GROUPS = ("matrix", "row", "block128")
 TIES = ("exact", "reference")
@@ -44,9 +45,8 @@ def check_sparsity(sparsity: float, sparsity_type: str) -> None:
                           f"but sparsity={sparsity}; set pruning.sparsity={nm[0] / nm[1]:g}")
 
 
-#: Rows of a row-group mask computed at once: its sort buffers (about 21 bytes a weight) are then
-#: those of ROW_CHUNK_ENTRIES weights, not of the whole matrix (a streamed 70B layer's MLP).
-ROW_CHUNK_ENTRIES = 1 << 22
+#: ROW_CHUNK_ENTRIES (from models.memory, whose estimate counts on it): rows of a row-group mask
+#: computed at once, so the sort buffers (about 21 bytes a weight) are those of that many weights.
 
 
 def _lowest_k(scores: torch.Tensor, k: int, ties: str) -> torch.Tensor:

@@ -118,7 +118,7 @@ def limits_section(model, tokenizer) -> str:
         "\n## Limits: no massive activations\n\n"
         f"The residual stream's largest |h| is at most {peak['max_ratio']:.0f} times its median "
         f"(state {peak['at_state']}, {spec.nsamples} x {spec.seqlen} test-language tokens; "
-        f"`python -m prunelab.probes.activations`), and the dimension holding the maximum moves "
+        f"`prunelab activations`), and the dimension holding the maximum moves "
         f"from state to state (most often: {dims}). Pretrained LLMs have a few fixed dimensions "
         "thousands of times the median (measured for SmolLM2-135M in docs/smollm2_135m.md), which is "
         "what Wanda's activation term, OWL and PALS exploit. Studies on this model check the "

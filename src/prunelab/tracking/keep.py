@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from prunelab.files import storage_error
-from prunelab.tracking.record import is_completed, write_record
+from prunelab.tracking.record import is_completed, read_record, write_record
+from prunelab.tracking.saved_model import saved_model_present
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +54,12 @@ def write_keeping_completed(path: Path, record: dict[str, Any]) -> Path:
         raise storage_error(err, "the previous record", previous) from None
     log.info("the earlier completed record moved to %s", previous)
     return write_record(path, record)
+
+
+def finished_record(path: Path, save_model: bool = False) -> dict[str, Any] | None:
+    """The completed record at `path` that makes a rerun unnecessary (with `save_model`, only one
+    whose model was saved), else None. Runs skip on it, and so do launchers before submitting."""
+    if not is_completed(path):
+        return None
+    done = read_record(path)
+    return done if not save_model or saved_model_present(done) else None
