@@ -104,9 +104,10 @@ def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: fl
 
     Returns:
         {"labels", "sparsity" (overall and per layer), "parameters" (dense, pruned), "pruning"
-        (removed layers, allocation, scores, recovery), "timings"}: the record's pruning part.
+        (removed layers, allocation, scores, recovery), "timings", "pruning_cost" (each stage's
+        forward and backward passes over the calibration data)}: the record's pruning part.
     """
-    from prunelab.pipeline import StageClock, prune_and_recover, pruning_summary, seed_everything
+    from prunelab.pipeline import StageClock, prune_and_recover, pruning_cost, pruning_summary, seed_everything
     from prunelab.pruning.report import parameter_counts
 
     groups = [f"pruning={method}"]
@@ -127,10 +128,19 @@ def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: fl
         raise ConfigError(f"recovery={repair.name} repairs removed layers: use it with method='depth'")
     loaded = wrap_model(model, tokenizer)
     cache = Path(cache_dir).expanduser() if cache_dir else None
-    draw = calibration_source(calibration, cfg, tokenizer, seed, nsamples, seqlen, method, cache)
+    source = calibration_source(calibration, cfg, tokenizer, seed, nsamples, seqlen, method, cache)
+    drawn_tokens = [0]
+
+    def draw() -> torch.Tensor:
+        samples = source()  # [N, T]
+        drawn_tokens[0] = samples.numel()
+        return samples
+
     seed_everything(seed)
     ctx = PruneContext(loaded, seed, draw, batch_size, progress, cache)
     clock = StageClock()
+    clock.layer_type = type(loaded.adapter.layers[0]) if loaded.adapter.num_layers else None
+    dense_layers = loaded.adapter.num_layers
     dense_parameters = parameter_counts(loaded.adapter)
     start = time.perf_counter()
     report, recovered = prune_and_recover(ctx, pruning, repair, clock)
@@ -138,7 +148,8 @@ def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: fl
     summary = pruning_summary(loaded, report, recovered)
     return {"labels": {**pruning.labels(), "recovery": repair.name}, "sparsity": summary["sparsity"],
             "parameters": {"dense": dense_parameters, "pruned": summary["parameters_pruned"]},
-            "pruning": summary["pruning"], "timings": clock.timings}
+            "pruning": summary["pruning"], "timings": clock.timings,
+            "pruning_cost": pruning_cost(clock, dense_layers, drawn_tokens[0])}
 
 
 def evaluate(model: torch.nn.Module, tokenizer, data: str | None = None,
@@ -224,8 +235,8 @@ def summary_line(record: dict[str, Any]) -> str:
     dense = record.get("metrics", {}).get("dense", {})
     parts = []
     for key, metric in record.get("metrics", {}).get("pruned", {}).items():
-        if key.startswith("zeroshot/") and key != "zeroshot/average":
-            continue
+        if (key.startswith("zeroshot/") and key != "zeroshot/average") or key.startswith(("speedup/", "cost/")):
+            continue  # the efficiency metrics are said once, in words, by efficiency_summary
         value, base = metric["value"], (dense.get(key) or {}).get("value")
         if base is None:
             parts.append(f"{key}={value:.4g}")
@@ -233,4 +244,17 @@ def summary_line(record: dict[str, Any]) -> str:
             parts.append(f"{key}={value:.4g} (dense {base:.4g}, {100 * (value / base - 1):+.1f}%)")
         else:
             parts.append(f"{key}={value:.4g} (dense {base:.4g}, {value - base:+.3f})")
-    return ", ".join(parts) or "no metrics"
+    return ", ".join(parts + efficiency_summary(record)) or "no metrics"
+
+
+def efficiency_summary(record: dict[str, Any]) -> list[str]:
+    """'speedup prefill 1.25x, decode 1.24x', the FLOPs kept, and whether a sparse kernel ran."""
+    section = record.get("efficiency") or {}
+    if not section.get("measured"):
+        return [f"efficiency not measured: {section['reason']}"] if section.get("reason") else []
+    speed, counted = section["speedup"], section["counted"]["ratio"]
+    parts = [f"speedup prefill {speed['prefill']:.2f}x, decode {speed['decode']:.2f}x",
+             f"FLOPs {counted['flops_prefill']:.2f} and parameters {counted['parameters']:.2f} of dense"]
+    if not section["sparse_kernels"]["used"] and section["sparse_kernels"]["reason"].startswith("no sparse kernel: PyTorch"):
+        parts.append("no sparse kernel used")
+    return parts

@@ -27,16 +27,20 @@ import numpy as np
 import torch
 
 from prunelab.calibration.runner import on_layer_done
+from prunelab.calibration.work import counting_work
 from prunelab.context import PruneContext, PruneReport
 from prunelab.data import CalibrationSpec, DataSpec, TokenCache, calibration_samples
 from prunelab.data.tokens import tokenize_long_texts_in_child
 from prunelab.evaluation import EvaluationSpec, PerplexityEvaluator, dense_cache
+from prunelab.evaluation.cost import count_cost, parameter_bytes
+from prunelab.evaluation.efficiency import EfficiencyMeasurement
 from prunelab.evaluation.metrics import Metric
 from prunelab.errors import ConfigError
 from prunelab.files import check_writable
 from prunelab.interrupts import catch_termination
 from prunelab.models import LoadedModel, identity_key, load_model, model_identity
 from prunelab.models.loading import MemoryRequest
+from prunelab.models.checks import free_bytes
 from prunelab.models.memory import GIB, default_state_bytes
 from prunelab.models.boundary_operators import save_recovered
 from prunelab.pruning.base import PruningMethod, WeightPruning, first_stage
@@ -58,11 +62,16 @@ log = logging.getLogger(__name__)
 
 class StageClock:
     """Times named stages, measures each one's peak resident memory, and remembers which one is
-    running (for failure records)."""
+    running (for failure records). Given the model's decoder-layer type, it also counts each
+    stage's work on those layers (`calibration.work`: tokens through them, backward passes)."""
 
     def __init__(self, on_done: Callable[[str, float], None] | None = None) -> None:
         self.timings: dict[str, float] = {}
         self.peak_rss: dict[str, int] = {}  # bytes, per stage (Linux; else the process's peak)
+        self.work: dict[str, Any] = {}  # stage -> calibration.work.Work, for counted stages
+        self.layer_type: type | None = None  # decoder layers whose work is counted
+        self.reads: Callable[[], int] | None = None  # layers read from disk so far (a streamed model)
+        self.layer_reads: dict[str, int] = {}  # per counted stage
         self.current: str | None = None
         self.on_done = on_done  # (stage, seconds) when a stage ends: the tracker streams it
 
@@ -72,13 +81,64 @@ class StageClock:
         log.info("stage %s ...", name)
         reset_peak_rss()
         start = time.perf_counter()
-        yield
+        if self.layer_type is not None and name in WORK_STAGES:
+            reads = self.reads() if self.reads else 0
+            with counting_work(self.layer_type) as work:
+                yield
+            self.work[name] = work
+            if self.reads:
+                self.layer_reads[name] = self.reads() - reads
+        else:
+            yield
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
         self.peak_rss[name] = max(self.peak_rss.get(name, 0), peak_rss())
         log.info("stage %s done in %.1f s", name, self.timings[name])
         self.current = None
         if self.on_done is not None:
             self.on_done(name, self.timings[name])
+
+
+#: The stages whose work on the model is counted: what pruning itself costs.
+WORK_STAGES = ("allocate", "score", "prune", "recover")
+
+
+def pruning_cost(clock: StageClock, num_layers: int, calibration_tokens: int) -> dict[str, Any]:
+    """Each pruning stage's work beside its time: tokens through decoder layers, as forward and
+    backward passes over the calibration data, backward calls, and layers read from disk (streamed)."""
+    stages = {name: {**work.passes(num_layers, calibration_tokens), "seconds": clock.timings.get(name, 0.0),
+                     **({"layers_read": clock.layer_reads[name]} if name in clock.layer_reads else {})}
+              for name, work in clock.work.items()}
+    total = {key: sum(stage.get(key, 0) for stage in stages.values())
+             for key in ("layer_tokens", "forward_passes", "backward_passes", "backward_calls", "seconds")}
+    return {"num_layers": num_layers, "calibration_tokens": calibration_tokens, "stages": stages, "total": total}
+
+
+def plan_efficiency(setup: RunSetup, loaded: LoadedModel) -> tuple[EfficiencyMeasurement | None, str | None]:
+    """The efficiency measurement the run makes (its dense model counted now, before pruning), or
+    None with the reason. Bad settings are one line here, before any pruning."""
+    spec = setup.evaluation.efficiency
+    if not spec.wanted(getattr(setup.pruning, "changes_shapes", False)):
+        return None, None
+    if loaded.mode == "streamed":
+        reason = ("a streamed model reads its layers from disk at every forward, so its speed is the "
+                  "disk's; use model.streaming=false to measure it")
+        if spec.measure == "always":
+            raise ConfigError(f"evaluation.efficiency.measure=always: {reason}")
+        return None, reason
+    sparsity_type = setup.pruning.labels().get("sparsity_type") if not getattr(
+        setup.pruning, "changes_shapes", False) else None
+    weights = parameter_bytes(loaded.model)[2]
+    spec.check(loaded.model, loaded.device, sparsity_type, free_bytes(loaded.device), weights)
+    return EfficiencyMeasurement(spec, loaded.device, sparsity_type, count_cost(loaded.model, spec.decode_context)), None
+
+
+def measure_efficiency(measurement: EfficiencyMeasurement, setup: RunSetup, loaded: LoadedModel) -> dict[str, Any]:
+    """The dense model loaded again beside the pruned one, both measured alternately."""
+    dense = load_model(setup.model, setup.cache_dir).model.eval()
+    try:
+        return measurement.measure(dense, loaded.model.eval())
+    finally:
+        del dense
 
 
 def seed_everything(seed: int) -> None:
@@ -244,6 +304,14 @@ def _run(setup: RunSetup) -> dict[str, Any]:
                 loaded.memory["estimate_bytes"]["activations"] if loaded.memory else 0, 1 << 28)
         record["model"] = {"identity": model_identity(loaded), "key": identity_key(loaded)}
         record["parameters"] = {"dense": parameter_counts(loaded.adapter)}
+        with clock("efficiency"):  # the dense model's counted cost, and bad settings, before pruning
+            efficiency, not_measured = plan_efficiency(setup, loaded)
+        if not_measured:
+            record["efficiency"] = {"measured": False, "reason": not_measured}
+        clock.layer_type = type(loaded.adapter.layers[0]) if loaded.adapter.num_layers else None
+        if loaded.adapter.store is not None:
+            clock.reads = lambda: loaded.adapter.store.reads
+        dense_layers = loaded.adapter.num_layers
         evaluators = build_evaluators(setup.evaluation, setup.data, cache, setup.progress)
         with clock("dense_eval"):
             record["metrics"] = {"dense": dense_metrics(evaluators, loaded, setup.cache_dir)}
@@ -264,10 +332,16 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         with on_layer_done(partial(stream_pruned_layer, tracker, clock, loaded)):
             report, recovered = prune_and_recover(ctx, setup.pruning, setup.recovery, clock)
         summary = pruning_summary(loaded, report, recovered)
+        calib = setup.data.calibration
+        record["pruning_cost"] = pruning_cost(clock, dense_layers, calib.nsamples * calib.seqlen)
         record["sparsity"], record["pruning"] = summary["sparsity"], summary["pruning"]
         record["parameters"]["pruned"] = summary["parameters_pruned"]
         with clock("evaluate"):
             record["metrics"]["pruned"] = {k: m.to_dict() for k, m in evaluate_all(evaluators, loaded).items()}
+        if efficiency is not None:
+            with clock("efficiency"):
+                record["efficiency"] = {"measured": True, **measure_efficiency(efficiency, setup, loaded)}
+            record["metrics"]["pruned"].update({k: m.to_dict() for k, m in efficiency.metrics().items()})
         tracker.log(scalar_metrics(record))
         if setup.save_model:
             with clock("save"):

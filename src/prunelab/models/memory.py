@@ -57,6 +57,22 @@ def process_status_bytes(field: str) -> int | None:
     return None
 
 
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident memory (Linux: /proc/self/clear_refs), so the next
+    `peak_rss` is the peak since now; False where that cannot be done."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> int:
+    """Peak resident memory (bytes) since the last `reset_peak_rss`, or since the start."""
+    peak = process_status_bytes("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def current_rss(anonymous: bool = False) -> int:
     """Resident memory of this process now (bytes); `anonymous`: only its private memory
     (RssAnon), what a data limit or a cgroup charges, without the pages of shared libraries."""

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 class DepthPruning:
     name = "depth"
+    changes_shapes = True  # the efficiency evaluator measures it by default (evaluation.efficiency)
 
     def __init__(self, scorer: LayerScorer, num_layers: int = 2, selector: str = "auto",
                  protect_first: int = 0, protect_last: int = 0, plus_rule: bool | None = None):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from prunelab.models.memory import process_status_bytes
+from prunelab.models.memory import peak_rss, process_status_bytes, reset_peak_rss  # noqa: F401  (re-exported)
 
 LIBRARIES = ("torch", "transformers", "tokenizers", "datasets", "lm_eval", "hydra-core", "omegaconf",
              "wandb", "accelerate", "safetensors", "numpy", "scipy", "pandas", "prunelab")
@@ -125,22 +125,6 @@ def environment() -> dict[str, Any]:
         state = {"git_sha": package["commit"], "git_dirty": False}
     return {**state, "package": package, "python": sys.version.split()[0],
             "libraries": library_versions(), "hardware": hardware(), "slurm": slurm_job()}
-
-
-def reset_peak_rss() -> bool:
-    """Reset this process's peak resident memory (Linux: /proc/self/clear_refs), so the next
-    `peak_rss` is the peak since now; False where that cannot be done."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss() -> int:
-    """Peak resident memory (bytes) since the last `reset_peak_rss`, or since the start."""
-    peak = process_status_bytes("VmHWM")
-    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def peak_memory() -> dict[str, int | None]:

@@ -20,8 +20,10 @@ NON_SIGNATURE_KEYS = ("seed", "paths", "tracking", "runtime", "save_model", "hyd
 
 
 #: Keys inside a group that do not change the results: a streamed run computes what a resident
-#: one does, bit for bit (models/streaming.py), so both share a signature and pair in tables.
-NON_SIGNATURE_FIELDS = (("model", "streaming"),)
+#: one does, bit for bit (models/streaming.py), so both share a signature and pair in tables; the
+#: efficiency measurement (evaluation.efficiency) adds cost metrics, with their own protocol
+#: stamps, and leaves the model and its quality metrics as they are.
+NON_SIGNATURE_FIELDS = (("model", "streaming"), ("evaluation", "efficiency"))
 
 
 def config_signature(config: dict[str, Any]) -> str:

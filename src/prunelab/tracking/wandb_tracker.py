@@ -7,7 +7,8 @@
   (`prune/layer`, its measured sparsity, elapsed time), then the pruned metrics and their change
   over dense; the final values are put in the summary.
 - Tables: per-layer sparsity (target and actual) and every zero-shot item (dense and pruned
-  correctness, the pruned model's margin); heatmaps of all-pairs layer matrices (WRP, swap-KL),
+  correctness, the pruned model's margin); the efficiency grid (prefill points and decode, dense
+  and pruned medians, speedups); heatmaps of all-pairs layer matrices (WRP, swap-KL),
   drawn by the `matrix_figure` the tracker is given (conf/tracking/wandb.yaml names the study
   plots' `prunelab.analysis.plots.plot_matrix`: tracking draws nothing itself).
 - Artifacts: the record (`result`, so `prunelab aggregate --wandb-project` can rebuild tables)
@@ -60,6 +61,19 @@ def zeroshot_items(record: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
         task = key.split("/")[1]
         rows += [[task, i, b, v, m] for i, (b, v, m) in enumerate(zip(before, samples["values"], margins))]
     return ["task", "item", "dense_correct", "pruned_correct", "pruned_margin"], rows
+
+
+def efficiency_grid(record: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Columns and rows of the measured speed: each prefill grid point and the decode, with the
+    dense and pruned medians and the speedup with the quartiles of its paired ratios."""
+    section = record.get("efficiency") or {}
+    if not section.get("measured"):
+        return [], []
+    columns = ["work", "batch", "tokens", "dense_median_s", "pruned_median_s", "speedup", "ratio_q25", "ratio_q75"]
+    points = [("prefill", p, p["seqlen"]) for p in section["prefill"]]
+    points.append(("decode", section["decode"], section["decode"]["new_tokens"]))
+    return columns, [[work, p["batch"], tokens, p["dense"]["median_s"], p["pruned"]["median_s"], p["speedup"],
+                      p["ratio_q25"], p["ratio_q75"]] for work, p, tokens in points]
 
 
 class WandbTracker:
@@ -146,6 +160,9 @@ class WandbTracker:
         columns, rows = zeroshot_items(record)
         if rows:
             tables["zeroshot/items"] = wandb.Table(columns=columns, data=rows)
+        columns, rows = efficiency_grid(record)
+        if rows:
+            tables["efficiency/grid"] = wandb.Table(columns=columns, data=rows)
         for name, matrix in layer_matrices(record.get("pruning") or {}).items() if self.matrix_figure else ():
             figure = self.matrix_figure(matrix, name)
             figure.canvas.draw()

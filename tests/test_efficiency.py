@@ -1,0 +1,164 @@
+"""The efficiency evaluator and the pruning-cost counters: counted cost from a real forward, timing
+alternated side by side, the record and the last line, one-line refusals of bad settings."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from test_cli import tiny_run_overrides
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import prunelab
+from prunelab.errors import ConfigError
+from prunelab.evaluation.cost import count_cost
+from prunelab.evaluation.efficiency import EfficiencyMeasurement, EfficiencySpec, sparse_kernels_usable
+from prunelab.evaluation.timing import alternated_times, speedup
+from prunelab.models import ModelAdapter
+
+QUICK = EfficiencySpec(measure="always", prefill_grid=((1, 16), (2, 8)), decode_context=8, new_tokens=4,
+                       repeats=3, warmup=1)
+
+
+@pytest.fixture
+def llama(tiny_model_dirs):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"]).eval()
+
+
+def without_layers(model, layers):
+    pruned = copy.deepcopy(model)
+    ModelAdapter(pruned).remove_layers(layers)
+    return pruned
+
+
+def test_flops_shrink_by_one_layers_worth_per_removed_layer_and_the_kv_cache_with_them(llama):
+    full, one, two = (count_cost(m, 16) for m in (llama, without_layers(llama, [1]), without_layers(llama, [1, 2])))
+    per_layer = full.flops_prefill - one.flops_prefill
+    assert per_layer > 0 and one.flops_prefill - two.flops_prefill == per_layer
+    assert full.flops_decode - one.flops_decode == one.flops_decode - two.flops_decode > 0
+    config = llama.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    # keys and values, fp32, per layer and kv head
+    assert full.kv_bytes_per_token == 2 * 4 * config.num_hidden_layers * config.num_key_value_heads * head_dim
+    assert two.kv_bytes_per_token * config.num_hidden_layers == full.kv_bytes_per_token * (config.num_hidden_layers - 2)
+    assert two.parameters < one.parameters < full.parameters and full.weight_bytes == 4 * full.parameters
+
+
+def test_a_mask_saves_nonzeros_but_no_flop(llama):
+    masked = copy.deepcopy(llama)
+    weight = masked.model.layers[0].mlp.down_proj.weight
+    with torch.no_grad():
+        weight[:, ::2] = 0
+    dense, pruned = count_cost(llama, 16), count_cost(masked, 16)
+    assert pruned.flops_prefill == dense.flops_prefill and pruned.parameters == dense.parameters
+    assert dense.nonzero_parameters - pruned.nonzero_parameters == weight.numel() // 2
+
+
+def test_timing_alternates_the_order_and_speedup_is_the_ratio_of_medians():
+    calls = []
+    works = {name: (lambda n=name: calls.append(("prepare", n)) or (lambda: calls.append(("run", n))))
+             for name in ("dense", "pruned")}
+    times = alternated_times(works, torch.device("cpu"), repeats=3, warmup=1)
+    runs = [n for kind, n in calls if kind == "run"]
+    assert runs == ["dense", "pruned", "dense", "pruned", "pruned", "dense", "dense", "pruned"]
+    assert len(times["dense"]) == len(times["pruned"]) == 3
+    result = speedup([2.0, 4.0, 3.0], [1.0, 1.0, 1.5])
+    assert result["speedup"] == 3.0 / 1.0 and result["ratios"] == [2.0, 4.0, 2.0]
+
+
+def test_removing_half_the_layers_is_measured_faster_than_dense(llama):
+    pruned = without_layers(llama, [0, 1])
+    spec = EfficiencySpec(measure="always", prefill_grid=((4, 64),), decode_context=16, new_tokens=8,
+                          repeats=5, warmup=1)
+    measurement = EfficiencyMeasurement(spec, torch.device("cpu"), None, count_cost(llama, spec.decode_context))
+    section = measurement.measure(llama, pruned)
+    assert section["counted"]["ratio"]["kv_bytes_per_token"] == 0.5
+    assert section["speedup"]["prefill"] > 1.2 and section["speedup"]["decode"] > 1.2
+    assert section["sparse_kernels"] == {"used": False, "reason": sparse_kernels_usable(torch.device("cpu"), None)[1]}
+    metrics = measurement.metrics()
+    assert metrics["speedup/prefill"].higher_is_better and not metrics["cost/flops_prefill"].higher_is_better
+    assert metrics["cost/kv_bytes"].value == 0.5 and metrics["speedup/decode"].protocol["threads"] == 1
+
+
+def test_bad_settings_are_one_line_before_any_work(llama):
+    cpu = torch.device("cpu")
+    with pytest.raises(ConfigError, match="exceed the model's max_position_embeddings=128"):
+        EfficiencySpec(prefill_grid=((1, 256),)).check(llama, cpu, None, None, 0)
+    with pytest.raises(ConfigError, match="GiB are free"):
+        EfficiencySpec(prefill_grid=((4096, 64),), decode_context=16).check(llama, cpu, None, 2**28, 0)
+    with pytest.raises(ConfigError, match="need a CUDA GPU"):
+        EfficiencySpec(sparse_kernels="require", prefill_grid=((1, 16),), decode_context=16).check(llama, cpu, "2:4", None, 0)
+    with pytest.raises(ConfigError, match="no sparse kernel: PyTorch has none for unstructured"):
+        EfficiencySpec(sparse_kernels="require", prefill_grid=((1, 16),), decode_context=16).check(llama, cpu, "unstructured", None, 0)
+    with pytest.raises(ConfigError, match="measure='sometimes'"):
+        EfficiencySpec(measure="sometimes")
+    broken = copy.deepcopy(llama)
+    broken.model.layers[0].mlp.forward = lambda x: (_ for _ in ()).throw(RuntimeError("custom kernel"))
+    with pytest.raises(ConfigError, match="the FLOP counter cannot follow this model .RuntimeError: custom kernel"):
+        count_cost(broken, 8)
+
+
+def _record(tmp_path):
+    (path,) = (tmp_path / "records").rglob("result.json")
+    return json.loads(path.read_text())
+
+
+def test_a_depth_run_records_its_speedup_and_says_it_last(tiny_model_dirs, text_file, tmp_path, caplog):
+    overrides = tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path) + [
+        "pruning=depth", "pruning.num_layers=2", "recovery=ghosted", "evaluation=ppl",
+        "evaluation.perplexity.seqlen=32", "evaluation.efficiency.prefill_grid=[[2,64]]",
+        "evaluation.efficiency.decode_context=16", "evaluation.efficiency.new_tokens=8"]
+    record = prunelab.run(overrides)
+    section = record["efficiency"]
+    assert section["measured"] and section["counted"]["ratio"]["flops_prefill"] < 0.75
+    assert record["metrics"]["pruned"]["speedup/prefill"]["value"] == section["speedup"]["prefill"]
+    # Ghosted's boundary operators are part of the timed and counted model
+    assert section["counted"]["pruned"]["parameters"] > record["parameters"]["pruned"]["total"] - 1
+    assert _record(tmp_path)["efficiency"]["speedup"] == section["speedup"]
+    from prunelab.api import summary_line
+
+    assert f"speedup prefill {section['speedup']['prefill']:.2f}x, decode {section['speedup']['decode']:.2f}x" \
+        in summary_line(record)
+    cost = record["pruning_cost"]
+    assert cost["stages"]["score"]["forward_passes"] == 1.0  # block influence: one pass over the data
+    assert cost["total"]["backward_passes"] == 0
+
+
+def test_unstructured_wanda_is_measured_on_request_and_says_no_sparse_kernel_ran(tiny_model_dirs, text_file, tmp_path):
+    overrides = tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path) + [
+        "pruning=wanda", "evaluation=ppl", "evaluation.efficiency.measure=always",
+        "evaluation.efficiency.prefill_grid=[[2,64]]", "evaluation.efficiency.decode_context=16",
+        "evaluation.efficiency.new_tokens=8"]
+    record = prunelab.run(overrides)
+    section = record["efficiency"]
+    assert section["counted"]["ratio"]["flops_prefill"] == 1.0
+    assert section["counted"]["ratio"]["nonzero_parameters"] < 0.8
+    assert not section["sparse_kernels"]["used"] and "unstructured" in section["sparse_kernels"]["reason"]
+    assert 0.5 < section["speedup"]["prefill"] < 2.0  # the same kernels: no real speedup to find
+    from prunelab.api import summary_line
+
+    assert "no sparse kernel used" in summary_line(record)
+
+
+def test_weight_pruning_is_not_timed_by_default(tiny_model_dirs, text_file, tmp_path):
+    record = prunelab.run(tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path) + [
+        "pruning=magnitude", "evaluation=ppl"])
+    assert "efficiency" not in record and not any(k.startswith("speedup/") for k in record["metrics"]["pruned"])
+
+
+@pytest.mark.parametrize("scorer,forward,backward", [("wrp", 0.0, 0.0), ("block_influence", 1.0, 0.0),
+                                                     ("shortened_taylor", None, 1.0)])
+def test_pruning_cost_counts_each_scorers_passes(scorer, forward, backward):
+    path = prunelab.shipped_model("testbed_llama")  # 18 layers: room for Shortened's protected ones
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
+    report = prunelab.prune(model, tokenizer, method="depth", scorer=scorer, num_layers=1, calibration=ids,
+                            progress=False)
+    score = report["pruning_cost"]["stages"]["score"]
+    assert report["pruning_cost"]["calibration_tokens"] == (ids.numel() if scorer != "wrp" else 0)
+    if forward is not None:
+        assert score["forward_passes"] == forward
+    assert score["backward_passes"] == backward
+    assert (score["backward_calls"] > 0) == (backward > 0)
