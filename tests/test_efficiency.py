@@ -118,7 +118,11 @@ def test_a_depth_run_records_its_speedup_and_says_it_last(tiny_model_dirs, text_
     assert section["counted"]["pruned"]["parameters"] > record["parameters"]["pruned"]["total"] - 1
     assert _record(tmp_path)["efficiency"]["speedup"] == section["speedup"]
     from prunelab.api import summary_line
+    from prunelab.tracking.wandb_tracker import efficiency_grid
 
+    columns, rows = efficiency_grid(record)  # the W&B table: each prefill point and the decode
+    assert [row[0] for row in rows] == ["prefill", "decode"] and rows[0][columns.index("speedup")] == \
+        section["prefill"][0]["speedup"]
     assert f"speedup prefill {section['speedup']['prefill']:.2f}x, decode {section['speedup']['decode']:.2f}x" \
         in summary_line(record)
     cost = record["pruning_cost"]
