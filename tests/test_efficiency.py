@@ -105,18 +105,25 @@ def _record(tmp_path):
     return json.loads(path.read_text())
 
 
-def test_a_depth_run_records_its_speedup_and_says_it_last(tiny_model_dirs, text_file, tmp_path, caplog):
-    overrides = tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path) + [
-        "pruning=depth", "pruning.num_layers=2", "recovery=ghosted", "evaluation=ppl",
-        "evaluation.perplexity.seqlen=32", "evaluation.efficiency.prefill_grid=[[2,64]]",
-        "evaluation.efficiency.decode_context=16", "evaluation.efficiency.new_tokens=8"]
-    record = prunelab.run(overrides)
+def test_a_depth_run_records_its_speedup_and_says_it_last(tiny_model_dirs, text_file, tmp_path):
+    def run(recovery):
+        return prunelab.run(tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path / recovery) + [
+            "pruning=depth", "pruning.num_layers=2", f"recovery={recovery}", "evaluation=ppl",
+            "evaluation.efficiency.prefill_grid=[[2,64]]", "evaluation.efficiency.decode_context=16",
+            "evaluation.efficiency.new_tokens=8"])
+
+    record, plain = run("ghosted"), run("none")
     section = record["efficiency"]
     assert section["measured"] and section["counted"]["ratio"]["flops_prefill"] < 0.75
     assert record["metrics"]["pruned"]["speedup/prefill"]["value"] == section["speedup"]["prefill"]
-    # Ghosted's boundary operators are part of the timed and counted model
-    assert section["counted"]["pruned"]["parameters"] > record["parameters"]["pruned"]["total"] - 1
-    assert _record(tmp_path)["efficiency"]["speedup"] == section["speedup"]
+    # Ghosted's boundary operators are part of the counted (and timed) model: d x d weights, 2 d^2 FLOPs a token
+    hidden, tokens = 32, section["counted"]["pruned"]["context"]
+    extra = section["counted"]["pruned"]["parameters"] - plain["efficiency"]["counted"]["pruned"]["parameters"]
+    assert extra > 0 and extra % (hidden * hidden) == 0
+    operators = extra // (hidden * hidden)
+    assert section["counted"]["pruned"]["flops_prefill"] - plain["efficiency"]["counted"]["pruned"]["flops_prefill"] \
+        == operators * 2 * hidden * hidden * tokens
+    assert _record(tmp_path / "ghosted")["efficiency"]["speedup"] == section["speedup"]
     from prunelab.api import summary_line
     from prunelab.tracking.wandb_tracker import efficiency_grid
 

@@ -43,7 +43,7 @@ def _fit(eigs: torch.Tensor, logs: torch.Tensor, candidates: torch.Tensor
     suffix = torch.flip(torch.cumsum(torch.flip(logs, [0]), 0), [0])  # [N] sum of logs[i:]
     n = (n_eigs - candidates).double()  # [c]
     alpha = 1 + n / (suffix[candidates] - n * logs[candidates])  # [c]
-    j = torch.arange(n_eigs, dtype=torch.float64)  # [N]
+    j = torch.arange(n_eigs, dtype=torch.float64, device=eigs.device)  # [N]
     tail = j.unsqueeze(0) >= candidates.unsqueeze(1)  # [c, N]
     ratio = eigs.unsqueeze(0) / eigs[candidates].unsqueeze(1)  # [c, N]
     model_cdf = 1 - ratio.clamp_min(1e-300) ** (1 - alpha.unsqueeze(1))  # [c, N]
@@ -59,16 +59,17 @@ def powerlaw_alpha(eigs: torch.Tensor, xmin: str = "peak", bins: int = 100,
     logs = eigs.log()  # [N]
     n_eigs = eigs.numel()
     if xmin == "mid":
-        alpha, _ = _fit(eigs, logs, torch.tensor([n_eigs // 2]))
+        alpha, _ = _fit(eigs, logs, torch.tensor([n_eigs // 2], device=eigs.device))
         return float(alpha[0])
     log10 = eigs.log10()
     low, high = float(log10.min()), float(log10.max())
     counts = torch.histc(log10, bins, min=low, max=high)  # [bins]
-    peak = 10 ** float(torch.linspace(low, high, bins + 1, dtype=torch.float64)[int(torch.argmax(counts))])
+    edges = torch.linspace(low, high, bins + 1, dtype=torch.float64, device=eigs.device)  # [bins + 1]
+    peak = 10 ** float(edges[int(torch.argmax(counts))])
     lower = math.log10(0.95 * peak) if peak_window == "reference" else 0.95 * peak
     upper = 1.5 * peak
-    alphas = torch.zeros(n_eigs - 1, dtype=torch.float64)  # [N - 1] reference: 0 and D = 1 if skipped
-    distances = torch.ones(n_eigs - 1, dtype=torch.float64)
+    alphas = torch.zeros(n_eigs - 1, dtype=torch.float64, device=eigs.device)  # [N - 1] reference: 0 and D = 1 if skipped
+    distances = torch.ones(n_eigs - 1, dtype=torch.float64, device=eigs.device)
     inside = torch.nonzero((eigs[:-1] >= lower) & (eigs[:-1] <= upper)).flatten()  # [c]
     for chunk in inside.split(256):
         alphas[chunk], distances[chunk] = _fit(eigs, logs, chunk)
