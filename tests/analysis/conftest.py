@@ -1,7 +1,8 @@
 """Synthetic run records (docs/result_record.md) written to a tmp dir for the analysis tests.
 
 `write_record` writes one result.json; `study_dir` builds a small study: per sparsity, a uniform
-and a PALS-like setting, 3 seeds each, each record carrying the dense reference.
+and a PALS-like setting, 3 seeds each, each record carrying the dense reference;
+`efficiency_dir` the same sweep with speed-ups and costs (ratios to dense, no dense value).
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ import pytest
 MODEL = "tiny-llama"
 PPL = "ppl/testbed/token"
 ACC = "zeroshot/boolq/acc"
+AVERAGE = "zeroshot/average"
+SPEEDUP_PREFILL = "speedup/prefill"
+SPEEDUP_DECODE = "speedup/decode"
+COST_METRICS = ("cost/flops_prefill", "cost/flops_decode", "cost/params", "cost/nonzero_params",
+                "cost/weight_bytes", "cost/kv_bytes", "cost/peak_memory")
 SEEDS = (0, 1, 2)
 WINDOWS = 8
 ITEMS = 40
@@ -113,6 +119,54 @@ def make_study(root: Path, sparsities=(0.5,), seeds=SEEDS) -> dict[tuple[str, fl
                                  0.05 if allocation == "pals" else 0)),
                              dense_metrics(), layer_targets=targets)
     return signatures
+
+
+def efficiency_protocol() -> dict:
+    return {"evaluator": "efficiency", "device": "cpu", "dtype": "float32",
+            "grid": [[1, 128], [4, 512]], "repeats": 5}
+
+
+def ratio_metric(value: float, higher_is_better: bool) -> dict:
+    """A speed-up or cost: the pruned model's figure over the dense one's, no samples."""
+    return {"value": value, "higher_is_better": higher_is_better,
+            "protocol": efficiency_protocol(), "samples": {}}
+
+
+def efficiency_metrics(sparsity: float, allocation: str, seed: int) -> dict:
+    """Speed-ups growing with sparsity (PALS a little slower), a per-seed timing jitter, and
+    costs that shrink with sparsity."""
+    jitter = 1 + 0.03 * seed
+    prefill = (1 + sparsity - (0.1 if allocation == "pals" else 0.0)) * jitter
+    metrics = {SPEEDUP_PREFILL: ratio_metric(prefill, True),
+               SPEEDUP_DECODE: ratio_metric(0.8 * prefill, True)}
+    for key in COST_METRICS:
+        metrics[key] = ratio_metric(1 - sparsity * (0.5 if "bytes" in key else 0.9), False)
+    return metrics
+
+
+def make_efficiency_study(root: Path, sparsities=(0.5, 0.7), seeds=SEEDS,
+                          model: str = MODEL) -> None:
+    """`make_study`'s settings, each record also carrying the zero-shot average, speed-ups and
+    costs; `model` names the model (and its signatures, so two models do not collide)."""
+    for sparsity in sparsities:
+        for allocation, offset in (("uniform", 2 * sparsity), ("pals", 1.6 * sparsity)):
+            labels = {**labels_for(allocation, sparsity), "model": model}
+            signature = signature_for(f"{model}{allocation}{sparsity}")
+            for seed in seeds:
+                pruned = setting_metrics(offset, seed, 0.8 - sparsity / 2)
+                pruned[AVERAGE] = {**pruned[ACC], "samples": {}}
+                pruned.update(efficiency_metrics(sparsity, allocation, seed))
+                dense = dense_metrics()
+                dense[AVERAGE] = {**dense[ACC], "samples": {}}
+                write_record(root, signature, seed, labels, pruned, dense)
+
+
+@pytest.fixture
+def efficiency_dir(tmp_path: Path) -> Path:
+    """3 seeds x 2 settings at sparsities 0.5 and 0.7, with speed-ups and costs."""
+    root = tmp_path / "records"
+    make_efficiency_study(root)
+    return root
 
 
 @pytest.fixture

@@ -33,7 +33,11 @@ def reference_of(frame: pd.DataFrame) -> pd.Series:
 
 
 def dense_reference(frame: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
-    """One row per (model identity, metric, dense stamp) with the dense value of `metrics.dense`."""
+    """One row per (model identity, metric, dense stamp) with the dense value of `metrics.dense`.
+
+    A metric missing from `metrics.dense` gets no row: speed-ups and costs (`speedup/*`,
+    `cost/*`) are ratios to the dense model, 1.0 by definition, and no dense value is invented.
+    """
     data = frame[frame["metric"].isin(metrics)].dropna(subset=["dense_value"]).copy()
     if data.empty:
         return pd.DataFrame()
@@ -50,7 +54,8 @@ def dense_reference(frame: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame
         row = {"setting": f"{DENSE_METHOD}:{label}" if label else DENSE_METHOD,
                LABEL_PREFIX + "method": DENSE_METHOD, "metric": metric,
                "higher_is_better": _first(group["higher_is_better"]), "n": 1, "seeds": "",
-               "mean": float(values.iloc[0]), "std": math.nan, "ci_low": math.nan,
+               "mean": float(values.iloc[0]), "median": float(values.iloc[0]),
+               "std": math.nan, "ci_low": math.nan,
                "ci_high": math.nan, "stamp": stamp, "signatures": "", "is_dense": True,
                "note": note, "_reference": reference}
         if MODEL in group:

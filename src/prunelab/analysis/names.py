@@ -24,6 +24,15 @@ DISPLAY_NAMES: dict[str, tuple[str, str]] = {
     "ppl/c4/token": ("Perplexity (C4, token)", "PPL (C4)"),
     "ppl/token": ("Perplexity (own text, token)", "PPL"),
     "zeroshot/average": ("Zero-shot accuracy (avg)", "Zero-shot avg"),
+    "speedup/prefill": ("Prefill speedup over dense (x)", "Prefill speedup"),
+    "speedup/decode": ("Decode speedup over dense (x)", "Decode speedup"),
+    "cost/flops_prefill": ("Prefill FLOPs (fraction of dense)", "FLOPs (prefill)"),
+    "cost/flops_decode": ("Decode FLOPs (fraction of dense)", "FLOPs (decode)"),
+    "cost/params": ("Parameters (fraction of dense)", "Params"),
+    "cost/nonzero_params": ("Non-zero parameters (fraction of dense)", "Non-zero params"),
+    "cost/weight_bytes": ("Weight memory (fraction of dense)", "Weight bytes"),
+    "cost/kv_bytes": ("KV-cache memory (fraction of dense)", "KV-cache bytes"),
+    "cost/peak_memory": ("Peak memory (fraction of dense)", "Peak memory"),
     "sparsity": ("Sparsity", "Sparsity"),
     "sparsity_type": ("Sparsity pattern", "Pattern"),
     "layers_removed": ("Layers removed", "Layers removed"),
@@ -56,6 +65,23 @@ def short_name(key: Any) -> str:
 def is_perplexity(metric: str) -> bool:
     """Perplexity metrics: positive, spanning orders of magnitude, so plotted on a log axis."""
     return str(metric).startswith("ppl/")
+
+
+def is_speedup(metric: str) -> bool:
+    """Speed-ups over the dense model (`speedup/prefill`, `speedup/decode`): timings, so noisy
+    across runs; tables show their median beside the mean."""
+    return str(metric).startswith("speedup/")
+
+
+def is_relative_to_dense(metric: str) -> bool:
+    """Speed-ups and costs, each the pruned model's figure over the dense model's: the dense
+    model is 1.0 by definition, so the records carry no dense value for them."""
+    return str(metric).startswith(("speedup/", "cost/"))
+
+
+def is_quality(metric: str) -> bool:
+    """What a speed-up is traded against: perplexity and the zero-shot average."""
+    return is_perplexity(metric) or str(metric).startswith("zeroshot/average")
 
 
 def direction(higher_is_better: Any) -> str:

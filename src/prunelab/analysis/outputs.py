@@ -1,5 +1,6 @@
-"""A study's files beside table.csv: pivots, the paper-table preset, metric plots and per-layer
-profiles, each a pure step from the summary (and the records, for the profiles) to files.
+"""A study's files beside table.csv: pivots, the paper-table preset, metric plots,
+quality-versus-speed plots and per-layer profiles, each a pure step from the summary (and the
+records, for the profiles) to files.
 
 Why apart from `cli`: the command line only parses arguments; what a study folder holds is
 decided here, so the same files come out whether the summary was built from records or read
@@ -15,11 +16,14 @@ from typing import Sequence
 import pandas as pd
 
 from prunelab.analysis import paper, plots, tables
+from prunelab.analysis.names import is_quality
 from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, RunRecord
 
 log = logging.getLogger("prunelab.analysis")
 
 DEFAULT_PLOT_X = ("labels.sparsity", "labels.layers_removed")
+#: Speed-ups each quality metric is plotted against, when the summary holds them.
+SPEED_METRICS = ("speedup/prefill", "speedup/decode")
 PROFILES = (("sparsity", "layer_sparsity.png"), ("scores", "layer_scores.png"))
 
 
@@ -84,8 +88,9 @@ def plot_x(summary: pd.DataFrame, requested: str | None) -> str | None:
 
 def write_plots(summary: pd.DataFrame, records: Sequence[RunRecord] | None,
                 metrics: Sequence[str], x: str | None, error: str, out: Path) -> list[Path]:
-    """<metric>_vs_<x>.png per metric, and layer_sparsity.png / layer_scores.png from the records
-    (skipped when there are none: a summary read back from table.csv has no per-layer data)."""
+    """<metric>_vs_<x>.png per metric, <quality>_vs_<speed-up>.png (see `write_tradeoff_plots`),
+    and layer_sparsity.png / layer_scores.png from the records (skipped when there are none: a
+    summary read back from table.csv has no per-layer data)."""
     written = []
     if x is not None:
         for metric in metrics:
@@ -96,6 +101,7 @@ def write_plots(summary: pd.DataFrame, records: Sequence[RunRecord] | None,
                 continue
             name = f"{plots.slug(metric)}_vs_{plots.slug(x)}.png"
             written.append(plots.save_figure(figure, out / name))
+    written += write_tradeoff_plots(summary, metrics, error, out)
     if records is None:
         log.info("no layer profiles: no records (summary read from a table)")
         return written
@@ -106,4 +112,23 @@ def write_plots(summary: pd.DataFrame, records: Sequence[RunRecord] | None,
             log.info("no layer profile: %s", error_)
             continue
         written.append(plots.save_figure(figure, out / name))
+    return written
+
+
+def write_tradeoff_plots(summary: pd.DataFrame, metrics: Sequence[str], error: str,
+                         out: Path) -> list[Path]:
+    """<quality>_vs_<speed-up>.png for each quality metric among `metrics` (perplexity, the
+    zero-shot average) and each speed-up the summary holds (SPEED_METRICS); nothing for a study
+    without speed-ups, so its folder holds the files it always did."""
+    present = set(summary["metric"])
+    written = []
+    for speed in (metric for metric in SPEED_METRICS if metric in present):
+        for quality in (metric for metric in metrics if is_quality(metric)):
+            try:
+                figure = plots.plot_quality_vs_speed(summary, quality, speed, error=error)
+            except AnalysisError as error_:
+                log.warning("no %s vs %s plot: %s", quality, speed, error_)
+                continue
+            name = f"{plots.slug(quality)}_vs_{plots.slug(speed)}.png"
+            written.append(plots.save_figure(figure, out / name))
     return written

@@ -1,5 +1,6 @@
 """Study plots: a metric against a label (sparsity, layers removed, sparsity pattern) per method,
-per-layer profiles (in `profiles`, re-exported here) and all-pairs layer matrices.
+quality against speed-up over dense (the trade-off a pruned model is chosen by), per-layer
+profiles (in `profiles`, re-exported here) and all-pairs layer matrices.
 
 Inputs are the tidy summary from `tables.build_summary` (or a table.csv read back with
 `tables.read_summary_csv`) and the loaded records. Every figure names its axes from
@@ -18,10 +19,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from prunelab.analysis.names import direction, display_name, is_perplexity
+from prunelab.analysis.names import direction, display_name, is_perplexity, is_relative_to_dense
 from prunelab.analysis.profiles import layer_profiles, plot_layer_profile  # noqa: F401
 from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns
-from prunelab.analysis.render import distinguishing_labels
+from prunelab.analysis.render import distinguishing_labels, text_of
 from prunelab.analysis.style import (  # noqa: F401  (save_figure, slug, figure_png for callers)
     ERROR_BARS,
     error_bars,
@@ -37,6 +38,11 @@ from prunelab.analysis.style import (  # noqa: F401  (save_figure, slug, figure_
 
 MODEL = LABEL_PREFIX + "model"
 LEGEND_WIDTH = 2.8  # inches beside the panels for the figure's legend
+DENSE_BY_DEFINITION = "dense model (1 by definition)"
+DENSE_STAR = "dense model (speed-up 1 by definition)"
+#: Labels that order a method's settings from light to heavy pruning: the quality-vs-speed
+#: figure joins a series' points in this order and writes the value beside each point.
+LADDER_LABELS = ("labels.sparsity", "labels.layers_removed")
 
 
 def main_metric(summary: pd.DataFrame) -> str:
@@ -99,6 +105,10 @@ def plot_metric_vs(summary: pd.DataFrame, metric: str, x: str = "labels.sparsity
         for value in dense["mean"].head(1):
             axis.axhline(value, color="grey", linestyle="--", linewidth=1, label="dense model")
             shown.append(value)
+        if dense.empty and is_relative_to_dense(metric):  # a ratio to dense: no dense row
+            axis.axhline(1.0, color="grey", linestyle="--", linewidth=1,
+                         label=DENSE_BY_DEFINITION)
+            shown.append(1.0)
         _x_axis(axis, settings if model is None else settings[settings[MODEL] == model], x,
                 categories)
         if is_perplexity(metric):
@@ -106,15 +116,77 @@ def plot_metric_vs(summary: pd.DataFrame, metric: str, x: str = "labels.sparsity
         axis.set_ylabel(f"{display_name(metric)} {direction(part['higher_is_better'].iloc[0])}")
         axis.set_title(str(model) if model is not None else "")
         axis.grid(alpha=0.3, which="both" if is_perplexity(metric) else "major")
-    handles, labels = axes[0].get_legend_handles_labels()
-    for axis in axes[1:]:  # series missing from the first panel
-        for handle, label in zip(*axis.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    figure.legend(handles, labels, loc="outside right center", fontsize="small",
-                  title=error_caption(error, settings["n"]), title_fontsize="small")
+    _figure_legend(figure, axes, error_caption(error, settings["n"]))
     figure.suptitle(f"{display_name(metric)} vs {display_name(x).lower()}")
+    return figure
+
+
+def plot_quality_vs_speed(summary: pd.DataFrame, quality_metric: str,
+                          speed_metric: str = "speedup/prefill", error: str = "std",
+                          hue: Sequence[str] | None = None) -> Figure:
+    """What a method's speed costs in quality: `quality_metric` against `speed_metric` (a
+    speed-up over dense), means over seeds, one point per setting, one panel per model.
+
+    Error bars on both axes follow `plot_metric_vs` (the seeds' std, the 95% t-interval of the
+    mean, or none). The settings one series holds (the labels that vary, or `hue`) are joined
+    from light to heavy pruning, each point labelled with its sparsity or layers removed. The
+    dense model is a star at speed-up 1 (by definition) and its own quality, from the summary's
+    dense row (none when the records carry no dense value). Perplexity is on a log axis.
+    Raises AnalysisError when the summary lacks either metric.
+    """
+    if error not in ERROR_BARS:
+        raise AnalysisError(f"unknown error bars {error!r}; use {', '.join(ERROR_BARS)}")
+    quality = _setting_rows(summary, quality_metric)
+    speed = _setting_rows(summary, speed_metric)
+    settings = quality.loc[[name for name in quality.index if name in speed.index]]
+    if settings.empty:
+        raise AnalysisError(f"no setting has both {quality_metric} and {speed_metric}")
+    ladder = _ladder(settings)
+    hue = list(hue) if hue is not None else _varying_labels(settings, exclude=(ladder,))
+    series = list(_groups(settings, hue))
+    names = [name for name, _ in series]
+    colours, shapes = palette(dict.fromkeys(names)), markers(dict.fromkeys(names))
+    models = list(dict.fromkeys(settings[MODEL])) if MODEL in settings else [None]
+    figure = new_figure(ncols=len(models), extra_width=LEGEND_WIDTH)
+    axes = figure.subplots(1, len(models), squeeze=False)[0]
+    # A series rises to the right when lower quality numbers are better (perplexity grows with
+    # speed), so its point labels go above left of the line, else above right.
+    rising = direction(quality["higher_is_better"].iloc[0]) == "↓"
+    offset, align = ((-4, 4), "right") if rising else ((4, 4), "left")
+    for axis, model in zip(axes, models):
+        shown = []
+        for name, points in series:
+            if model is not None:
+                points = points[points[MODEL] == model]
+            if points.empty:
+                continue
+            if ladder:
+                points = points.sort_values(ladder, key=lambda v: pd.to_numeric(v, "coerce"))
+            ys, xs = points, speed.loc[points.index]
+            yerr = error_bars(ys, error)
+            axis.errorbar(xs["mean"], ys["mean"], xerr=error_bars(xs, error), yerr=yerr,
+                          capsize=3, marker=shapes[name], color=colours[name], markersize=5,
+                          label=name or None, linestyle="-" if ladder else "none", linewidth=1)
+            spread = np.zeros((2, len(ys))) if yerr is None else yerr
+            shown += list(ys["mean"] - spread[0]) + list(ys["mean"] + spread[1])
+            for x_value, y_value, step in zip(xs["mean"], ys["mean"],
+                                              ys[ladder] if ladder else []):
+                axis.annotate(text_of(step), (x_value, y_value), xytext=offset,
+                              textcoords="offset points", fontsize="x-small",
+                              horizontalalignment=align, color=colours[name])
+        shown += _dense_star(axis, summary, quality_metric, model)
+        axis.axvline(1.0, color="grey", linestyle=":", linewidth=1)  # no speed-up
+        if is_perplexity(quality_metric):
+            _log_limits(axis, shown)
+        axis.set_xlabel(_axis_label(speed_metric, speed))
+        axis.set_ylabel(_axis_label(quality_metric, quality))
+        axis.set_title(str(model) if model is not None else "")
+        axis.grid(alpha=0.3, which="both" if is_perplexity(quality_metric) else "major")
+    caption = error_caption(error, pd.concat([settings["n"], speed.loc[settings.index, "n"]]))
+    if ladder:
+        caption += f"\npoints labelled by {display_name(ladder).lower()}"
+    _figure_legend(figure, axes, caption)
+    figure.suptitle(f"{display_name(quality_metric)} vs {display_name(speed_metric).lower()}")
     return figure
 
 
@@ -136,6 +208,52 @@ def plot_matrix(matrix: Sequence[Sequence[float | None]], title: str,
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _setting_rows(summary: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The non-dense rows of `metric`, indexed by setting; AnalysisError when there are none."""
+    part = summary[(summary["metric"] == metric) & ~summary["is_dense"].astype(bool)]
+    if part.empty:
+        available = ", ".join(dict.fromkeys(summary["metric"])) or "none"
+        raise AnalysisError(f"the summary has no {metric} (metrics: {available})")
+    return part.set_index("setting")
+
+
+def _ladder(settings: pd.DataFrame) -> str | None:
+    """The first of LADDER_LABELS whose numbers vary across `settings`, else None."""
+    for column in LADDER_LABELS:
+        if column in settings and pd.to_numeric(settings[column], errors="coerce").nunique() > 1:
+            return column
+    return None
+
+
+def _axis_label(metric: str, rows: pd.DataFrame) -> str:
+    """The metric's display name and its direction: "Prefill speedup over dense (x) ↑"."""
+    return f"{display_name(metric)} {direction(rows['higher_is_better'].iloc[0])}"
+
+
+def _dense_star(axis, summary: pd.DataFrame, metric: str, model) -> list[float]:
+    """The dense model at speed-up 1 with its `metric` value; returns the value drawn (if any)."""
+    dense = summary[(summary["metric"] == metric) & summary["is_dense"].astype(bool)]
+    if model is not None and MODEL in dense:
+        dense = dense[dense[MODEL] == model]
+    values = list(dense["mean"].head(1))
+    for value in values:
+        axis.plot([1.0], [value], linestyle="none", marker="*", markersize=14, color="black",
+                  zorder=5, clip_on=False, label=DENSE_STAR)
+    return values
+
+
+def _figure_legend(figure: Figure, axes, title: str) -> None:
+    """One legend beside the panels: every series of every panel once."""
+    handles, labels = axes[0].get_legend_handles_labels()
+    for axis in axes[1:]:  # series missing from the first panel
+        for handle, label in zip(*axis.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    figure.legend(handles, labels, loc="outside right center", fontsize="small",
+                  title=title, title_fontsize="small")
 
 
 def _log_limits(axis, values: Sequence[float]) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from prunelab.analysis.names import is_speedup
 from prunelab.analysis.records import LABEL_PREFIX, label_columns
 
 
@@ -47,7 +48,8 @@ def format_table(summary: pd.DataFrame, decimals: int | None = None,
                  label_columns_shown: Sequence[str] | None = None, vs_dense: bool = False
                  ) -> tuple[pd.DataFrame, list[str]]:
     """The human table: one row per setting (dense rows included), label columns, then per metric
-    "mean ± std (n)", with `vs_dense` the change over dense ("+12.3 ± 0.4%") and, when compared
+    "mean ± std (n)", for a speed-up also the median over seeds (timings are noisy: one slow
+    run moves the mean), with `vs_dense` the change over dense ("+12.3 ± 0.4%") and, when compared
     with a baseline, "Δ [95% CI]", p (t), p (W) and p (Holm, t). Returns (table of strings,
     notes); notes explain NaN cells and refusals."""
     shown = list(label_columns_shown or display_label_columns(summary))
@@ -68,6 +70,8 @@ def format_table(summary: pd.DataFrame, decimals: int | None = None,
             cells = rows.setdefault(row["setting"], {
                 column.removeprefix(LABEL_PREFIX): text_of(row.get(column)) for column in shown})
             cells[metric] = format_mean(row, digits)
+            if is_speedup(metric):
+                cells[f"{head}median"] = format_median(row, digits)
             if vs_dense:
                 cells[f"{head}vs dense"] = format_change(row)
             if compared:
@@ -131,6 +135,15 @@ def format_mean(row: pd.Series, digits: int, with_n: bool = True) -> str:
     else:
         text = f"{mean:.{digits}f} ± {std:.{digits}f}"
     return f"{text} ({n})" if with_n and not row.get("is_dense") else text
+
+
+def format_median(row: pd.Series, digits: int) -> str:
+    """The median over seeds; empty for the dense row and for a table.csv written before
+    medians were kept."""
+    median = row.get("median", math.nan)
+    if row.get("is_dense") or is_missing(median) or not np.isfinite(median):
+        return ""
+    return f"{median:.{digits}f}"
 
 
 def format_change(row: pd.Series, with_std: bool = True) -> str:

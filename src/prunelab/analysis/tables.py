@@ -46,7 +46,9 @@ from prunelab.analysis.render import (  # noqa: F401
 log = logging.getLogger(__name__)
 
 DEFAULT_GROUP_BY = ("signature",)
-SUMMARY_NUMBER_COLUMNS = ("n", "mean", "std", "ci_low", "ci_high", *COMPARISON_COLUMNS)
+#: The numbers over a setting's seeds, then those of the comparison with a baseline.
+SEED_COLUMNS = ("n", "mean", "median", "std", "ci_low", "ci_high")
+SUMMARY_NUMBER_COLUMNS = (*SEED_COLUMNS, *COMPARISON_COLUMNS)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -89,8 +91,9 @@ def build_summary(frame: pd.DataFrame, metrics: Sequence[str] | None = None,
     (model, metric).
 
     A setting is one value of `group_by` (default: the record signature, i.e. everything but the
-    seed). Columns: setting, labels.*, metric, higher_is_better, n, seeds, mean, std (ddof=1),
-    ci_low/ci_high (t-interval of the mean), stamp, is_dense, note; with a `baseline` selector
+    seed). Columns: setting, labels.*, metric, higher_is_better, n, seeds, mean, median (robust
+    to one odd seed, e.g. a timing taken on a busy machine), std (ddof=1), ci_low/ci_high
+    (t-interval of the mean), stamp, is_dense, note; with a `baseline` selector
     (see `resolve_baseline`) also is_baseline, baseline, n_pairs, baseline_mean, diff_mean
     (setting - baseline), diff_ci_low/high (paired bootstrap), t_statistic, p_t, w_statistic,
     p_wilcoxon and the Holm-adjusted p_t_holm / p_wilcoxon_holm over all comparisons in the table.
@@ -135,7 +138,7 @@ def _setting_row(rows: pd.DataFrame, group_by: list[str], key: tuple) -> dict[st
         **{column: _common_value(rows[column]) for column in label_columns(rows)},
         "metric": key[-1], "higher_is_better": _common_value(rows["higher_is_better"]),
         "n": len(values), "seeds": ",".join(map(str, sorted(rows["seed"]))),
-        "mean": float(np.mean(values)),
+        "mean": float(np.mean(values)), "median": float(np.median(values)),
         "std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
         "ci_low": ci_low, "ci_high": ci_high, "stamp": _common_value(rows["stamp"]),
         "signatures": ",".join(sorted(rows["signature"].unique())),
@@ -166,8 +169,8 @@ def order_rows(summary: pd.DataFrame, metrics: Sequence[str] | None = None) -> p
 
 def _column_order(summary: pd.DataFrame) -> list[str]:
     labels = sorted(label_columns(summary), key=label_order)
-    first = ["setting", *labels, "metric", "higher_is_better", *SUMMARY_NUMBER_COLUMNS[:5],
-             "seeds", "is_dense", "is_baseline", "baseline", *SUMMARY_NUMBER_COLUMNS[5:]]
+    first = ["setting", *labels, "metric", "higher_is_better", *SEED_COLUMNS,
+             "seeds", "is_dense", "is_baseline", "baseline", *COMPARISON_COLUMNS]
     last = ["note", "stamp", "signatures"]
     present = [c for c in first if c in summary.columns]
     rest = [c for c in summary.columns if c not in present and c not in last]
