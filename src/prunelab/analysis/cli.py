@@ -23,7 +23,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from prunelab.analysis import compare, outputs, plots, tables
+from prunelab.analysis import compare, costs, outputs, plots, tables
 from prunelab.analysis.records import (
     AnalysisError,
     LoadedRecords,
@@ -147,6 +147,8 @@ def _aggregate(args: argparse.Namespace) -> int:
                                         args.vs_dense)
     written += outputs.write_paper(summary, metrics, args.paper or next(iter(args.pivot), None),
                                    out, formats, args.decimals)
+    if loaded:  # what each setting cost to prune and to run (records with a pruning_cost)
+        written += costs.write_cost_tables(loaded.completed, out, formats)
     if not args.no_plots:
         x = outputs.plot_x(summary, args.plot_x)
         written += outputs.write_plots(summary, loaded.completed if loaded else None, metrics, x,
