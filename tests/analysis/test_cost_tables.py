@@ -11,13 +11,14 @@ from prunelab.analysis.records import RunRecord
 
 
 def record(seed: int, recovery: str, speedup: float, score_s: float, passes: float = 1.0) -> RunRecord:
+    flops = 0.75 if recovery == "ghosted" else 0.7  # the operators' matmuls
     cost = {"num_layers": 18, "calibration_tokens": 100,
             "stages": {"score": {"seconds": score_s, "forward_passes": passes, "backward_passes": 0.0},
                        "prune": {"seconds": 0.1, "forward_passes": 0.0, "backward_passes": 0.0},
                        "recover": {"seconds": 0.5, "forward_passes": 0.6, "backward_passes": 0.0}},
             "total": {"forward_passes": passes + 0.6, "backward_passes": 0.0}}
     efficiency = {"measured": True, "speedup": {"prefill": speedup, "decode": speedup},
-                  "counted": {"ratio": {"flops_prefill": 0.7, "parameters": 0.75, "kv_bytes_per_token": 0.67}}}
+                  "counted": {"ratio": {"flops_prefill": flops, "parameters": 0.75, "kv_bytes_per_token": 0.67}}}
     labels = {"model": "m", "method": "depth", "layers_removed": 6, "scorer": "block_influence",
               "recovery": recovery}
     return RunRecord(f"r{seed}{recovery}", {"signature": recovery, "seed": seed, "status": "completed",
@@ -39,6 +40,7 @@ def test_medians_over_seeds_and_the_recoverys_share_of_the_saving(records):
     # removal alone halves the time (s0 = 2); Ghosted's 1.6x spends (1/1.6 - 1/2) / (1 - 1/2) of it again
     assert table.loc["ghosted", "recovery_share_of_saving"] == pytest.approx((1 / 1.6 - 0.5) / 0.5)
     assert pd.isna(table.loc["none", "recovery_share_of_saving"])
+    assert table.loc["ghosted", "recovery_share_of_saved_flops"] == pytest.approx((0.75 - 0.7) / (1 - 0.7))
 
 
 def test_records_without_costs_write_nothing(tmp_path, records):

@@ -6,12 +6,15 @@ one and SLEB one per candidate (`forward_passes` of the first stage); PALS adds 
 allocation (`allocate_s`); a recovery operator gives back part of what removing layers saved
 (`recovery_share_of_saving`: with s the measured prefill speedup of the recovered model and s0
 that of the same removal without recovery, (1/s - 1/s0) / (1 - 1/s0), the fraction of the time
-saved by removal that the operators spend again).
+saved by removal that the operators spend again; `recovery_share_of_saved_flops`, the same from the
+counted FLOPs, (f - f0) / (1 - f0) with f the FLOPs as a fraction of dense, exact where the timing
+is noise-bound). PyTorch's FLOP counter counts matrix products: a diagonal operator (LinearPatch-D)
+or one merged into a layer (ReplaceMe) adds none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -75,28 +78,29 @@ def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
                 lambda s: f"{s.min():.2f}-{s.max():.2f}" if s.notna().any() else "")
     table = table.reset_index()
     if LABEL_PREFIX + "recovery" in table and "speedup_prefill" in table:
-        table["recovery_share_of_saving"] = recovery_share(table)
+        table["recovery_share_of_saving"] = recovery_share(table, lambda s: 1 / s, "speedup_prefill")
+        table["recovery_share_of_saved_flops"] = recovery_share(table, lambda f: f, "flops_ratio")
     return table
 
 
-def recovery_share(table: pd.DataFrame) -> pd.Series:
-    """(1/s - 1/s0) / (1 - 1/s0) per recovered row, against the row without recovery that shares
-    its other labels (s: prefill speedup); NaN where there is no such row or nothing was saved."""
+def recovery_share(table: pd.DataFrame, cost: Callable[[float], float], column: str) -> pd.Series:
+    """(c - c0) / (1 - c0) per recovered row, c = cost(row[column]) as a fraction of dense's (1/s
+    for a speedup s, f for a FLOP ratio), c0 that of the row without recovery that shares the
+    other labels; NaN where there is no such row or nothing was saved."""
     recovery = LABEL_PREFIX + "recovery"
     others = [c for c in table.columns if c.startswith(LABEL_PREFIX) and c != recovery]
-    plain = table[table[recovery] == "none"].set_index(others)["speedup_prefill"] if others else \
-        table.loc[table[recovery] == "none", "speedup_prefill"]
+    plain = table[table[recovery] == "none"].set_index(others)[column] if others else \
+        table.loc[table[recovery] == "none", column]
 
     def share(row: pd.Series) -> float:
         if row[recovery] == "none":
             return np.nan
         key = tuple(row[c] for c in others) if len(others) > 1 else (row[others[0]] if others else None)
         try:
-            s0 = float(plain.loc[key]) if others else float(plain.iloc[0])
+            c0 = cost(float(plain.loc[key]) if others else float(plain.iloc[0]))
         except (KeyError, IndexError):
             return np.nan
-        saved = 1 - 1 / s0
-        return (1 / row["speedup_prefill"] - 1 / s0) / saved if saved > 0 else np.nan
+        return (cost(row[column]) - c0) / (1 - c0) if c0 < 1 else np.nan
 
     return table.apply(share, axis=1)
 
