@@ -220,8 +220,15 @@ class EfficiencyMeasurement:
         ratios = {k: getattr(pruned_cost, k) / getattr(self.dense_cost, k) for k in COST_KEYS}
         models = {"dense": dense, "pruned": pruned}
         usable, reason = sparse_kernels_usable(device, self.sparsity_type)
-        if usable and spec.sparse_kernels != "never":
-            models["pruned_sparse_kernels"] = semi_structured_copy(pruned)
+        if usable and spec.sparse_kernels == "never":
+            reason = "not measured: evaluation.efficiency.sparse_kernels=never"
+        elif usable:
+            try:
+                models["pruned_sparse_kernels"] = semi_structured_copy(pruned)
+            except (RuntimeError, ValueError, TypeError) as err:  # e.g. a dtype the kernels lack
+                if spec.sparse_kernels == "require":
+                    raise
+                reason = f"not measured: to_sparse_semi_structured refused this model ({str(err).splitlines()[0]})"
         with fixed_threads(spec.threads if device.type == "cpu" else None) as threads:
             grid = [self._point(models, prefill_work, (b, t), {"batch": b, "seqlen": t})
                     for b, t in spec.prefill_grid]
