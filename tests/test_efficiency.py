@@ -153,6 +153,20 @@ def test_unstructured_wanda_is_measured_on_request_and_says_no_sparse_kernel_ran
     assert "no sparse kernel used" in summary_line(record)
 
 
+def test_a_default_grid_the_model_cannot_hold_is_recorded_under_auto_and_refused_under_always(
+        tiny_model_dirs, text_file, tmp_path):
+    depth = tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path) + [
+        "pruning=depth", "pruning.num_layers=1", "evaluation=ppl"]  # the default grid: 256 > 128 positions
+    record = prunelab.run(depth)
+    assert record["status"] == "completed" and not record["efficiency"]["measured"]
+    assert "max_position_embeddings=128" in record["efficiency"]["reason"]
+    with pytest.raises(ConfigError, match="measure=always: evaluation.efficiency: sequences of 256 tokens"):
+        prunelab.run(depth + ["evaluation.efficiency.measure=always", "runtime.skip_completed=false"])
+    (aside,) = (tmp_path / "records").rglob("result.failed-*.json")  # the completed record is kept
+    failed = json.loads(aside.read_text())
+    assert failed["status"] == "failed" and "prune" not in failed["timings"]
+
+
 def test_weight_pruning_is_not_timed_by_default(tiny_model_dirs, text_file, tmp_path):
     record = prunelab.run(tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path) + [
         "pruning=magnitude", "evaluation=ppl"])

@@ -420,6 +420,7 @@ def test_streamed_boundary_recoveries_equal_resident(recovery, tmp_path):
     from prunelab.models.boundary_operators import WEIGHTS_FILE
 
     common = ["pruning=depth", "pruning/scorer=angular", "pruning.num_layers=2", f"recovery={recovery}",
+              "evaluation.efficiency.measure=never",  # a streamed model is not timed (its speed is the disk's)
               "evaluation.zeroshot.items=30", "evaluation.zeroshot.tasks=[tb_agreement]",
               "evaluation.perplexity.max_windows=3", "tracking=none", "runtime.progress=false",
               "save_model=true"]

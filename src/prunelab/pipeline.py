@@ -115,21 +115,27 @@ def pruning_cost(clock: StageClock, num_layers: int, calibration_tokens: int) ->
 
 def plan_efficiency(setup: RunSetup, loaded: LoadedModel) -> tuple[EfficiencyMeasurement | None, str | None]:
     """The efficiency measurement the run makes (its dense model counted now, before pruning), or
-    None with the reason. Bad settings are one line here, before any pruning."""
+    None with the reason. With `measure=always` a setting that cannot be measured is one line
+    here, before any pruning; with `auto` (the default, for depth pruning) the run goes on and
+    its record says why nothing was measured."""
     spec = setup.evaluation.efficiency
     if not spec.wanted(getattr(setup.pruning, "changes_shapes", False)):
         return None, None
-    if loaded.mode == "streamed":
-        reason = ("a streamed model reads its layers from disk at every forward, so its speed is the "
-                  "disk's; use model.streaming=false to measure it")
+    try:
+        if loaded.mode == "streamed":
+            raise ConfigError("a streamed model reads its layers from disk at every forward, so its speed "
+                              "is the disk's; use model.streaming=false to measure it")
+        sparsity_type = None if getattr(setup.pruning, "changes_shapes", False) else \
+            setup.pruning.labels().get("sparsity_type")
+        weights = parameter_bytes(loaded.model)[2]
+        spec.check(loaded.model, loaded.device, sparsity_type, free_bytes(loaded.device), weights)
+        dense_cost = count_cost(loaded.model, spec.decode_context)
+    except ConfigError as err:
         if spec.measure == "always":
-            raise ConfigError(f"evaluation.efficiency.measure=always: {reason}")
-        return None, reason
-    sparsity_type = setup.pruning.labels().get("sparsity_type") if not getattr(
-        setup.pruning, "changes_shapes", False) else None
-    weights = parameter_bytes(loaded.model)[2]
-    spec.check(loaded.model, loaded.device, sparsity_type, free_bytes(loaded.device), weights)
-    return EfficiencyMeasurement(spec, loaded.device, sparsity_type, count_cost(loaded.model, spec.decode_context)), None
+            raise ConfigError(f"evaluation.efficiency.measure=always: {err}") from None
+        log.warning("efficiency not measured: %s", err)
+        return None, str(err)
+    return EfficiencyMeasurement(spec, loaded.device, sparsity_type, dense_cost), None
 
 
 def measure_efficiency(measurement: EfficiencyMeasurement, setup: RunSetup, loaded: LoadedModel) -> dict[str, Any]:
