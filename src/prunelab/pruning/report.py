@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -48,11 +49,14 @@ def sparsity_report(adapter: ModelAdapter, layer_targets: list[float] | None) ->
 def parameter_counts(adapter: ModelAdapter) -> dict[str, int]:
     """Parameters and nonzero parameters of the whole model (a streamed one a layer at a time)."""
     total = nonzero = 0
-    counted: set[int] = set()
+    # Tied weights count once. Weak references, not ids: a streamed model frees the embeddings
+    # before reading the head, and a freed tensor's id can be the next one's (counted no more).
+    counted: list[weakref.ref] = []
     for part in ("embeddings", "head"):  # a streamed model reads them one at a time
         with adapter.outside_in_memory(part):  # (no reference may outlive the block: no loop variable)
-            fresh = [p for p in adapter.outside_layer_parameters() if not p.is_meta and id(p) not in counted]
-            counted.update(map(id, fresh))
+            fresh = [p for p in adapter.outside_layer_parameters()
+                     if not p.is_meta and not any(seen() is p for seen in counted)]
+            counted.extend(weakref.ref(p) for p in fresh)
             total += sum(t.numel() for t in fresh)
             nonzero += sum(int(torch.count_nonzero(t)) for t in fresh)
             del fresh
