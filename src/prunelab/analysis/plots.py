@@ -75,13 +75,7 @@ def plot_metric_vs(summary: pd.DataFrame, metric: str, x: str = "labels.sparsity
     categories = None if numeric.notna().all() else list(dict.fromkeys(settings[x].astype(str)))
     settings["_x"] = numeric if categories is None else settings[x].astype(str).map(
         {name: i for i, name in enumerate(categories)})
-    hue = list(hue) if hue is not None else _varying_labels(settings, exclude=(x,))
-    series = list(_groups(settings, hue))
-    names = [name for name, _ in series]
-    colours, shapes = palette(dict.fromkeys(names)), markers(dict.fromkeys(names))
-    models = list(dict.fromkeys(settings[MODEL])) if MODEL in settings else [None]
-    figure = new_figure(ncols=len(models), extra_width=LEGEND_WIDTH)
-    axes = figure.subplots(1, len(models), squeeze=False)[0]
+    series, colours, shapes, models, figure, axes = _panels(settings, hue, exclude=(x,))
     dodge = 0.6 / max(len(series), 1)
     for axis, model in zip(axes, models):
         shown = []
@@ -142,13 +136,7 @@ def plot_quality_vs_speed(summary: pd.DataFrame, quality_metric: str,
     if settings.empty:
         raise AnalysisError(f"no setting has both {quality_metric} and {speed_metric}")
     ladder = _ladder(settings)
-    hue = list(hue) if hue is not None else _varying_labels(settings, exclude=(ladder,))
-    series = list(_groups(settings, hue))
-    names = [name for name, _ in series]
-    colours, shapes = palette(dict.fromkeys(names)), markers(dict.fromkeys(names))
-    models = list(dict.fromkeys(settings[MODEL])) if MODEL in settings else [None]
-    figure = new_figure(ncols=len(models), extra_width=LEGEND_WIDTH)
-    axes = figure.subplots(1, len(models), squeeze=False)[0]
+    series, colours, shapes, models, figure, axes = _panels(settings, hue, exclude=(ladder,))
     # A series rises to the right when lower quality numbers are better (perplexity grows with
     # speed), so its point labels go above left of the line, else above right.
     rising = direction(quality["higher_is_better"].iloc[0]) == "↓"
@@ -254,6 +242,19 @@ def _figure_legend(figure: Figure, axes, title: str) -> None:
                 labels.append(label)
     figure.legend(handles, labels, loc="outside right center", fontsize="small",
                   title=title, title_fontsize="small")
+
+
+def _panels(settings: pd.DataFrame, hue: Sequence[str] | None, exclude: Sequence[str]):
+    """The series (one per value of the `hue` labels, default: the labels that vary besides
+    `exclude`), their colours and markers, the models, and a figure with a panel per model."""
+    hue = list(hue) if hue is not None else _varying_labels(settings, exclude=exclude)
+    series = list(_groups(settings, hue))
+    names = [name for name, _ in series]
+    colours, shapes = palette(dict.fromkeys(names)), markers(dict.fromkeys(names))
+    models = list(dict.fromkeys(settings[MODEL])) if MODEL in settings else [None]
+    figure = new_figure(ncols=len(models), extra_width=LEGEND_WIDTH)
+    axes = figure.subplots(1, len(models), squeeze=False)[0]
+    return series, colours, shapes, models, figure, axes
 
 
 def _log_limits(axis, values: Sequence[float]) -> None:
