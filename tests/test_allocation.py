@@ -185,3 +185,13 @@ def test_dense_pass_propagates_dense_outputs(tiny_model_dirs, monkeypatch):
 def test_bad_allocation_settings_are_config_errors(make, message):
     with pytest.raises(ConfigError, match=message):
         make()
+
+
+def test_alpha_fit_makes_its_tensors_on_the_eigenvalues_device():
+    """Eigenvalues from svdvals live on the weight's device (a GPU for users); the fit's own
+    tensors must too. Meta tensors stand in for CUDA here: a CPU tensor beside them raises."""
+    from prunelab.allocation.alpha import _fit
+
+    eigs = torch.empty(64, dtype=torch.float64, device="meta")  # [N]
+    alpha, distance = _fit(eigs, eigs.log(), torch.arange(4, device="meta"))
+    assert alpha.device.type == distance.device.type == "meta" and alpha.shape == (4,)

@@ -48,7 +48,8 @@ def test_flops_shrink_by_one_layers_worth_per_removed_layer_and_the_kv_cache_wit
 
 def test_a_mask_saves_nonzeros_but_no_flop(llama):
     masked = copy.deepcopy(llama)
-    weight = masked.model.layers[0].mlp.down_proj.weight
+    adapter = ModelAdapter(masked)
+    weight = adapter.linear_weights(adapter.layers[0])[-1]  # the layer's last linear (the MLP's output)
     with torch.no_grad():
         weight[:, ::2] = 0
     dense, pruned = count_cost(llama, 16), count_cost(masked, 16)
@@ -92,10 +93,12 @@ def test_bad_settings_are_one_line_before_any_work(llama):
         EfficiencySpec(sparse_kernels="require", prefill_grid=((1, 16),), decode_context=16).check(llama, cpu, "2:4", None, 0)
     with pytest.raises(ConfigError, match="no sparse kernel: PyTorch has none for unstructured"):
         EfficiencySpec(sparse_kernels="require", prefill_grid=((1, 16),), decode_context=16).check(llama, cpu, "unstructured", None, 0)
+    with pytest.raises(ConfigError, match=r"prefill_grid=\[\[1\]\]: give \[batch, seqlen\] pairs"):
+        EfficiencySpec(prefill_grid=[[1]])
     with pytest.raises(ConfigError, match="measure='sometimes'"):
         EfficiencySpec(measure="sometimes")
     broken = copy.deepcopy(llama)
-    broken.model.layers[0].mlp.forward = lambda x: (_ for _ in ()).throw(RuntimeError("custom kernel"))
+    ModelAdapter(broken).layers[0].forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("custom kernel"))
     with pytest.raises(ConfigError, match="the FLOP counter cannot follow this model .RuntimeError: custom kernel"):
         count_cost(broken, 8)
 

@@ -135,7 +135,7 @@ def plan_efficiency(setup: RunSetup, loaded: LoadedModel) -> tuple[EfficiencyMea
             raise ConfigError(f"evaluation.efficiency.measure=always: {err}") from None
         log.warning("efficiency not measured: %s", err)
         return None, str(err)
-    return EfficiencyMeasurement(spec, loaded.device, sparsity_type, dense_cost), None
+    return EfficiencyMeasurement(spec, loaded.device, sparsity_type, dense_cost, setup.progress), None
 
 
 def measure_efficiency(measurement: EfficiencyMeasurement, setup: RunSetup, loaded: LoadedModel) -> dict[str, Any]:

@@ -22,13 +22,13 @@ measures when pruning changes the model's shapes (depth pruning), `always` for e
 from __future__ import annotations
 
 import copy
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from prunelab.errors import ConfigError
 from prunelab.evaluation.cost import CountedCost, cache_keyword, count_cost, returned_cache, token_ids
@@ -36,6 +36,7 @@ from prunelab.evaluation.metrics import Metric
 from prunelab.evaluation.timing import (
     alternated_times, fixed_threads, geometric_mean, speedup, summary,
 )
+from prunelab.models.checks import cpu_model
 from prunelab.models.memory import current_rss, peak_rss, reset_peak_rss
 from prunelab.models.streaming import release_freed_memory
 
@@ -73,7 +74,12 @@ class EfficiencySpec:
     sparse_kernels: str = "auto"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "prefill_grid", tuple((int(b), int(t)) for b, t in self.prefill_grid))
+        try:
+            grid = tuple((int(b), int(t)) for b, t in self.prefill_grid)
+        except (TypeError, ValueError):
+            raise ConfigError(f"evaluation.efficiency.prefill_grid={self.prefill_grid!r}: give [batch, "
+                              "seqlen] pairs, e.g. [[1, 128], [4, 128]]") from None
+        object.__setattr__(self, "prefill_grid", grid)
         if self.measure not in MEASURE:
             raise ConfigError(f"evaluation.efficiency.measure={self.measure!r}: use {', '.join(MEASURE)}")
         if self.sparse_kernels not in SPARSE_KERNELS:
@@ -139,17 +145,7 @@ def device_description(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return {"device": str(device), "device_name": props.name, "memory_bytes": props.total_memory}
-    return {"device": str(device), "device_name": cpu_name()}
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return {"device": str(device), "device_name": cpu_model()}
 
 
 def prefill_work(model: nn.Module, batch: int, length: int) -> Callable[[], Callable[[], Any]]:
@@ -211,6 +207,7 @@ class EfficiencyMeasurement:
     device: torch.device
     sparsity_type: str | None
     dense_cost: CountedCost
+    progress: bool = False  # a bar over the grid points and the decode (a minute or more on a real model)
     section: dict[str, Any] = field(default_factory=dict)
 
     @torch.inference_mode()
@@ -230,8 +227,8 @@ class EfficiencyMeasurement:
                     raise
                 reason = f"not measured: to_sparse_semi_structured refused this model ({str(err).splitlines()[0]})"
         with fixed_threads(spec.threads if device.type == "cpu" else None) as threads:
-            grid = [self._point(models, prefill_work, (b, t), {"batch": b, "seqlen": t})
-                    for b, t in spec.prefill_grid]
+            points = tqdm(spec.prefill_grid, desc="efficiency: prefill grid", disable=not self.progress, leave=False)
+            grid = [self._point(models, prefill_work, (b, t), {"batch": b, "seqlen": t}) for b, t in points]
             decode = self._point(models, decode_work, (spec.decode_batch, spec.decode_context, spec.new_tokens),
                                  {"batch": spec.decode_batch, "context": spec.decode_context,
                                   "new_tokens": spec.new_tokens})

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +61,17 @@ def parameter_count(config) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def free_bytes(device: torch.device) -> int | None:

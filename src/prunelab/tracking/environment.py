@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from prunelab.models.checks import cpu_model  # noqa: F401  (re-exported)
 from prunelab.models.memory import peak_rss, process_status_bytes, reset_peak_rss  # noqa: F401  (re-exported)
 
 LIBRARIES = ("torch", "transformers", "tokenizers", "datasets", "lm_eval", "hydra-core", "omegaconf",
@@ -65,17 +66,6 @@ def library_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return versions
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` reports."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def hardware() -> dict[str, Any]:
