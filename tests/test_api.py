@@ -102,3 +102,44 @@ def test_the_readme_snippet_runs_as_written(monkeypatch, tmp_path):
     exec(compile(snippet, "README.md", "exec"), {"print": lambda *a: printed.append(" ".join(map(str, a)))})
     [line] = printed
     assert line.startswith("sparsity 0.500, perplexity ")
+
+
+# --- prunelab.load ---------------------------------------------------------------------------------
+def test_load_takes_a_model_option_a_folder_and_a_pruned_checkpoint(tiny_model_dirs, tmp_path):
+    from functools import partial
+
+    from prunelab.models.boundary_operators import save_recovered
+    from prunelab.recovery.plain_loading import save_for_plain_loading
+    from prunelab.tracking.saved_model import save_model_folder
+
+    model, tokenizer = prunelab.load("testbed_llama", device="cpu")
+    assert model.config.model_type == "llama" and tokenizer("a b").input_ids
+    model, tokenizer = prunelab.load(tiny_model_dirs["llama"])
+    dense_layers = model.config.num_hidden_layers
+    prunelab.prune(model, tokenizer, method="depth", scorer="block_influence", num_layers=2,
+                   recovery="ghosted", calibration=[TEXT * 4], nsamples=2, seqlen=16, progress=False)
+    ids = torch.tensor([[1, 5, 9, 3, 7, 2]])
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    folder = save_model_folder(model, tokenizer, tmp_path / "model",
+                               partial(save_for_plain_loading, save=save_recovered))
+    reloaded, _ = prunelab.load(str(folder))
+    assert reloaded.config.num_hidden_layers == dense_layers - 2
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, expected)  # Ghosted's operators came back
+    with pytest.raises(ConfigError, match="does not exist"):
+        prunelab.load("./no/such/folder")
+    with pytest.raises(ConfigError, match="prunelab.load takes"):
+        prunelab.load(None)
+
+
+def test_load_reads_the_packaged_smollm2_option_from_python():
+    """`smollm2_135m` is a GGUF inside a registry package: `prunelab.load` converts it (once, into
+    the cache) as a run does, where `from_pretrained` alone cannot read it."""
+    model, tokenizer = prunelab.load("smollm2_135m", device="cpu")
+    assert (model.config.num_hidden_layers, model.config.hidden_size) == (30, 576)
+    ids = tokenizer("To be, or not to be", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits  # [1, T, vocab]
+    assert logits.shape[-1] == model.config.vocab_size and torch.isfinite(logits).all()
+    assert tokenizer.decode(logits[0, :-1].argmax(-1)).strip()  # a real model predicts words

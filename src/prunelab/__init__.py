@@ -5,6 +5,7 @@ The pipeline is allocate (weight pruning) or score (depth pruning) -> prune -> r
 pruning method, recovery, evaluators and tracking.
 
     import prunelab
+    model, tokenizer = prunelab.load("smollm2_135m")   # a model= option, a folder or a hub id
     report = prunelab.prune(model, tokenizer, method="wanda", sparsity=0.5, calibration="realtext")
     metrics = prunelab.evaluate(model, tokenizer, data="realtext")
     record = prunelab.run(["pruning=sparsegpt", "seed=1"])   # what `prunelab pruning=sparsegpt seed=1` runs
@@ -17,12 +18,12 @@ try:
 except _metadata.PackageNotFoundError:  # run from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__", "evaluate", "prune", "run", "shipped_model"]
+__all__ = ["__version__", "evaluate", "load", "prune", "run", "shipped_model"]
 
 
 def __getattr__(name: str):
     """`prunelab.prune`, `.evaluate` and `.run` import torch and transformers on first use only."""
-    if name in ("prune", "evaluate", "run", "shipped_model"):
+    if name in ("prune", "evaluate", "load", "run", "shipped_model"):
         from prunelab import api
 
         return getattr(api, name)

@@ -221,6 +221,40 @@ def calibration_source(calibration, cfg: DictConfig, tokenizer, seed: int, nsamp
     return draw
 
 
+def load(model: str = "testbed_llama", *, device: str | None = None, dtype: str | None = None,
+         revision: str | None = None, cache_dir: str | Path | None = None) -> tuple[torch.nn.Module, Any]:
+    """Model and tokenizer of anything a run can name, ready to evaluate or generate with.
+
+        model, tokenizer = prunelab.load("smollm2_135m")               # a `model=` option
+        model, tokenizer = prunelab.load("outputs/2026-12-03/10-00-00/model")  # a pruned checkpoint
+        model, tokenizer = prunelab.load("meta-llama/Llama-2-7b-hf", device="cuda", dtype="float16")
+
+    Args:
+        model: a `model=` option (`testbed_llama`, `smollm2_135m`: its packaged GGUF is converted
+            once into the cache), a folder or a hub id. A checkpoint written by `save_model=true`
+            loads as it was saved: fewer layers after depth pruning, its recovery operators
+            (Ghosted, LinearPatch) restored, per-layer widths after width pruning.
+        device, dtype, revision: as `model.device`, `model.dtype`, `model.revision` (the option's
+            own, or auto / float32 / the default branch, when None).
+        cache_dir: where a GGUF is converted (`paths.cache_dir`: $PRUNELAB_CACHE or
+            ~/.cache/prunelab when None).
+    """
+    from prunelab.config import group_options, model_preset
+    from prunelab.models import ModelSpec, load_model
+
+    changes = {key: value for key, value in (("device", device), ("dtype", dtype), ("revision", revision))
+               if value is not None}
+    if not isinstance(model, (str, Path)) or not str(model):
+        raise ConfigError(f"prunelab.load takes a model= option, a folder or a hub id, not {model!r}")
+    model = str(model)
+    if model in (group_options("model") or []):
+        spec = model_preset(model, **changes)
+    else:
+        spec = ModelSpec(name_or_path=model, **changes)
+    loaded = load_model(spec, cache_dir=Path(cache_dir).expanduser() if cache_dir else None)
+    return loaded.model, loaded.tokenizer
+
+
 def shipped_model(name: str = "testbed_llama") -> str:
     """The folder of a model prunelab ships (testbed_llama, testbed_pythia), for from_pretrained."""
     from prunelab.models.spec import SHIPPED_MODELS, SHIPPED_ROOT
