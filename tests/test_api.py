@@ -136,7 +136,9 @@ def test_load_takes_a_model_option_a_folder_and_a_pruned_checkpoint(tiny_model_d
 def test_load_reads_the_packaged_smollm2_option_from_python():
     """`smollm2_135m` is a GGUF inside a registry package: `prunelab.load` converts it (once, into
     the cache) as a run does, where `from_pretrained` alone cannot read it."""
-    model, tokenizer = prunelab.load("smollm2_135m", device="cpu")
+    from oracles.compare import SMOLLM2_CACHE  # converted once, shared with the faithful-mask tests
+
+    model, tokenizer = prunelab.load("smollm2_135m", device="cpu", cache_dir=SMOLLM2_CACHE)
     assert (model.config.num_hidden_layers, model.config.hidden_size) == (30, 576)
     ids = tokenizer("To be, or not to be", return_tensors="pt").input_ids
     with torch.no_grad():
