@@ -291,4 +291,6 @@ def efficiency_summary(record: dict[str, Any]) -> list[str]:
              f"FLOPs {counted['flops_prefill']:.2f} and parameters {counted['parameters']:.2f} of dense"]
     if not section["sparse_kernels"]["used"] and section["sparse_kernels"]["reason"].startswith("no sparse kernel: PyTorch"):
         parts.append("no sparse kernel used")
+    if (section["protocol"].get("machine_load") or {}).get("busy"):
+        parts.append("timed on a busy machine")
     return parts

@@ -22,6 +22,7 @@ measures when pruning changes the model's shapes (depth pruning), `always` for e
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,11 +35,13 @@ from prunelab.errors import ConfigError
 from prunelab.evaluation.cost import CountedCost, cache_keyword, count_cost, returned_cache, token_ids
 from prunelab.evaluation.metrics import Metric
 from prunelab.evaluation.timing import (
-    alternated_times, fixed_threads, geometric_mean, speedup, summary,
+    alternated_times, busy_while_timing, fixed_threads, geometric_mean, machine_load, speedup, summary,
 )
 from prunelab.models.checks import cpu_model
 from prunelab.models.memory import current_rss, peak_rss, reset_peak_rss
 from prunelab.models.streaming import release_freed_memory
+
+log = logging.getLogger(__name__)
 
 MEASURE = ("auto", "always", "never")
 SPARSE_KERNELS = ("auto", "require", "never")
@@ -226,6 +229,7 @@ class EfficiencyMeasurement:
                 if spec.sparse_kernels == "require":
                     raise
                 reason = f"not measured: to_sparse_semi_structured refused this model ({str(err).splitlines()[0]})"
+        load_before = machine_load()
         with fixed_threads(spec.threads if device.type == "cpu" else None) as threads:
             points = tqdm(spec.prefill_grid, desc="efficiency: prefill grid", disable=not self.progress, leave=False)
             grid = [self._point(models, prefill_work, (b, t), {"batch": b, "seqlen": t}) for b, t in points]
@@ -238,6 +242,12 @@ class EfficiencyMeasurement:
                  decode_work(model, spec.decode_batch, spec.decode_context, spec.new_tokens)],
                 device, (self.dense_cost if name == "dense" else pruned_cost).weight_bytes)
                 for name, model in (("dense", dense), ("pruned", pruned))}
+        load = busy_while_timing(load_before, machine_load())
+        if load["busy"] and device.type == "cpu":
+            log.warning("the machine was busy while timing (load average %s on %s CPUs): the measured "
+                        "speedups are less trustworthy than on a quiet machine", max(
+                            v for v in (load["load_average_before"], load["load_average_after"]) if v is not None),
+                        load["cpus"])
         tokens = spec.decode_batch * spec.new_tokens
         for name in models:
             decode[name]["tokens_per_s"] = tokens / decode[name]["median_s"]
@@ -246,7 +256,8 @@ class EfficiencyMeasurement:
                          "torch": torch.__version__, "prefill_grid": [list(p) for p in spec.prefill_grid],
                          "decode": {"batch": spec.decode_batch, "context": spec.decode_context,
                                     "new_tokens": spec.new_tokens},
-                         "repeats": spec.repeats, "warmup": spec.warmup, "flops_context": spec.decode_context},
+                         "repeats": spec.repeats, "warmup": spec.warmup, "flops_context": spec.decode_context,
+                         "machine_load": load},
             "counted": {"dense": self.dense_cost.to_dict(), "pruned": pruned_cost.to_dict(), "ratio": ratios},
             "prefill": grid, "decode": decode,
             "peak_memory": {**{f"{n}_bytes": v for n, v in peaks.items()}, "ratio": peaks["pruned"] / peaks["dense"],
@@ -272,7 +283,8 @@ class EfficiencyMeasurement:
     def metrics(self) -> dict[str, Metric]:
         """speedup/prefill, speedup/decode (higher is better) and cost/* ratios to dense (lower)."""
         section = self.section
-        stamp = {"kind": "efficiency", **{k: v for k, v in section["protocol"].items() if k != "torch"}}
+        stamp = {"kind": "efficiency", **{k: v for k, v in section["protocol"].items()
+                                          if k not in ("torch", "machine_load")}}
         out = {"speedup/prefill": Metric(section["speedup"]["prefill"], True, stamp),
                "speedup/decode": Metric(section["speedup"]["decode"], True, stamp)}
         for key, name in COST_METRICS.items():

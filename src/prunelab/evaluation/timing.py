@@ -9,6 +9,7 @@ the clock is a pair of CUDA events after a synchronisation; on the CPU `time.per
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -16,6 +17,27 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
+
+
+def machine_load() -> dict[str, Any]:
+    """The 1-minute load average and the CPUs this process may run on (None where unknown)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        load = None
+    return {"load_average": load, "cpus": cpus}
+
+
+def busy_while_timing(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The machine's load around a timing, and whether other work competed for its CPUs (the load
+    average, which counts this process too, above the CPUs): then the alternated ratios are still
+    paired, but their spread widens and a single run's speedup can be off by far more than on a
+    quiet machine (results/benchmarks/efficiency_benchmark.md)."""
+    loads = [m["load_average"] for m in (before, after) if m["load_average"] is not None]
+    busy = bool(loads) and before["cpus"] is not None and max(loads) > before["cpus"]
+    return {"load_average_before": before["load_average"], "load_average_after": after["load_average"],
+            "cpus": before["cpus"], "busy": busy}
 
 
 def elapsed_seconds(work: Callable[[], Any], device: torch.device) -> float:
