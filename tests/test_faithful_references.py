@@ -19,7 +19,7 @@ import torch
 LAYERS = 2
 NSAMPLES, SEQLEN = 8, 128
 SPARSITY_TYPES = ("unstructured", "2:4")
-METHODS = ("magnitude", "wanda", "sparsegpt")
+METHODS = ("magnitude", "wanda", "sparsegpt", "ria")
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +84,34 @@ def test_defaults_give_the_references_masks(setup, method, sparsity_type):
     ("magnitude", {"ties": "exact"}),
     ("wanda", {"ties": "reference"}),
     ("sparsegpt", {"ties": "exact", "rounding": "carry"}),  # the old default
+    ("ria", {"group": "row", "ties": "exact"}),  # its --per_outneuron
 ])
 def test_non_reference_settings_differ_from_the_oracle(setup, method, switches):
     """The comparison can fail: a setting that is not the reference's gives other masks."""
     result = compare_with_oracle(setup, method, "unstructured", **switches)
     assert result.differing > 0
     assert result.layers_with_differences == "0-1"
+
+
+def test_ria_channel_reallocation_gives_the_references_permuted_2_4_masks(setup):
+    """RIA's heuristic channel reallocation (`permutation: heuristic`, the reference's
+    --reallocation) against the oracle's; without the permutation the masks differ."""
+    from oracles.compare import oracle_run
+
+    loaded, token_ids, runs = setup
+    if "ria-reallocation" not in runs:
+        runs["ria-reallocation"] = oracle_run(loaded, "ria", token_ids, 0.5, "2:4", reallocation=True)
+    permuted = compare_with_oracle_run(setup, runs["ria-reallocation"], permutation="heuristic")
+    assert permuted.differing == 0 and 0.5 <= permuted.pruned_fraction_oracle < 0.501
+    plain = compare_with_oracle_run(setup, runs["ria-reallocation"])
+    assert plain.differing > 0  # the permutation moved the mask: this comparison can fail
+
+
+def compare_with_oracle_run(setup, oracle, **switches):
+    from oracles.compare import compare
+
+    loaded, token_ids, _ = setup
+    return compare(loaded, "ria", token_ids, 0.5, "2:4", switches, oracle=oracle)
 
 
 def test_the_oracles_import_nothing_from_prunelab():

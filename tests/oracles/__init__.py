@@ -11,7 +11,9 @@ shares none of its code can be compared mask entry by mask entry:
 - `wanda_oracle`: |W| * ||X_j||_2, exactly k per output row (Sun, Liu, Bair & Kolter, "A Simple
   and Effective Pruning Approach for Large Language Models", 2023);
 - `sparsegpt_oracle`: the OBS solver with the adaptive 128-column mask (Frantar & Alistarh,
-  "SparseGPT: Massive Language Models Can Be Accurately Pruned in One-Shot", 2023).
+  "SparseGPT: Massive Language Models Can Be Accurately Pruned in One-Shot", 2023);
+- `ria_oracle`: relative importance times activation ** a, one threshold per matrix, and the
+  heuristic channel reallocation for N:M (Zhang et al., "Plug-and-Play", ICLR 2024).
 
 Nothing in these modules imports prunelab (`tests/test_faithful_references.py` checks it); they
 know Llama's attribute paths and nothing else, so they serve Llama-family models (SmolLM2) only.
@@ -21,10 +23,12 @@ imports prunelab.
 
 from oracles.llama_layers import capture_layer0_inputs, decoder_linears, run_layer
 from oracles.magnitude import magnitude_oracle
+from oracles.ria import ria_oracle
 from oracles.sparsegpt import sparsegpt_oracle
 from oracles.wanda import wanda_oracle
 
-ORACLES = {"magnitude": magnitude_oracle, "wanda": wanda_oracle, "sparsegpt": sparsegpt_oracle}
+ORACLES = {"magnitude": magnitude_oracle, "wanda": wanda_oracle, "sparsegpt": sparsegpt_oracle,
+           "ria": ria_oracle}
 
 __all__ = ["ORACLES", "capture_layer0_inputs", "decoder_linears", "magnitude_oracle", "run_layer",
-           "sparsegpt_oracle", "wanda_oracle"]
+           "ria_oracle", "sparsegpt_oracle", "wanda_oracle"]

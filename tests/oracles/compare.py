@@ -28,13 +28,14 @@ from prunelab.data import CalibrationSpec, calibration_samples
 from prunelab.models import load_model
 from prunelab.models.adapter import ModelAdapter
 from prunelab.pruning.magnitude import Magnitude
+from prunelab.pruning.ria import RIA
 from prunelab.pruning.sparsegpt import SparseGPT
 from prunelab.pruning.wanda import Wanda
 
 from oracles import ORACLES
 from oracles.llama_layers import decoder_linears
 
-METHODS = {"magnitude": Magnitude, "wanda": Wanda, "sparsegpt": SparseGPT}
+METHODS = {"magnitude": Magnitude, "wanda": Wanda, "sparsegpt": SparseGPT, "ria": RIA}
 SMOLLM2_CACHE = Path.home() / ".cache" / "prunelab"  # where the GGUF is converted once
 
 

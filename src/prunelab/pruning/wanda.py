@@ -103,8 +103,13 @@ class Wanda:
         earlier layers, so they are computed layer by layer in `prune`."""
         return self.allocation.allocate(self.sparsity, DenseStatistics(ctx))
 
-    def mask(self, scores: torch.Tensor, ratio: float) -> tuple[torch.Tensor, float | None]:
-        """(mask, alpha of the variant or None) for one linear's [out, in] scores."""
+    def scores(self, weight: torch.Tensor, input_sq_norm: torch.Tensor) -> torch.Tensor:
+        """One linear's [out, in] scores from its [in] input statistic."""
+        return wanda_scores(weight, input_sq_norm)
+
+    def mask(self, scores: torch.Tensor, ratio: float, role: str) -> tuple[torch.Tensor, float | None]:
+        """(mask, alpha of the variant or None) for one linear's [out, in] scores (`role`: attn_in,
+        attn_out, mlp_in or mlp_out)."""
         if self.use_variant:
             return wanda_variant_mask(scores, ratio)
         return make_mask(scores, ratio, self.sparsity_type, self.group, self.ties), None
@@ -116,7 +121,7 @@ class Wanda:
         alphas: dict[str, float] = {}
         statistic = partial(SquaredColumnNorm, arithmetic=self.norm_arithmetic)
         steps = layer_pass(adapter, ctx.calibration(), ctx.batch_size, self.propagate, ctx.progress,
-                           desc="wanda")
+                           desc=self.name)
         for step in steps:
             target = layer_targets[step.index]
             groups = role_linears(adapter, step.layer)
@@ -124,9 +129,9 @@ class Wanda:
                 step.forward()
             for role, group in groups.items():
                 for name, linear in group.items():
-                    scores = wanda_scores(linear.weight, norms[role].value)  # [out, in]
+                    scores = self.scores(linear.weight, norms[role].value)  # [out, in]
                     ratio = budget.ratio(target, scores.shape, None if self.use_variant else self.group)
-                    mask, alpha = self.mask(scores, ratio)
+                    mask, alpha = self.mask(scores, ratio, role)
                     apply_mask(linear.weight, mask)
                     budget.record(target, linear.weight)
                     if alpha is not None:

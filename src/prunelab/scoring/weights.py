@@ -30,3 +30,20 @@ def obs_scores(weight: torch.Tensor, hinv_diag: torch.Tensor) -> torch.Tensor:
         hinv_diag: [cols] diagonal of the Cholesky factor for those columns.
     """
     return weight.float() ** 2 / hinv_diag.float().unsqueeze(0) ** 2  # [out, cols]
+
+
+def ria_scores(weight: torch.Tensor, input_sq_norm: torch.Tensor, a: float = 0.5) -> torch.Tensor:
+    """RIA's relative importance times activation (Zhang et al., "Plug-and-Play", ICLR 2024):
+    RI_ij = |W_ij| / sum_k |W_kj| + |W_ij| / sum_k |W_ik| (the weight's share of its input
+    channel's and of its output row's total), times ||X_j||_2 ** a.
+
+    Args:
+        weight: [out, in] weight matrix.
+        input_sq_norm: [in] Wanda's running mean of ||X_j||^2 (`calibration.SquaredColumnNorm`).
+        a: the activation exponent (the reference's `--a`, 0.5).
+    The operations are the reference's, in its order (`torch.sqrt(s) ** a`, not `s ** (a / 2)`),
+    so that equal inputs give equal scores to the last bit.
+    """
+    absolute = weight.detach().abs().float()  # [out, in]
+    relative = absolute / absolute.sum(dim=0) + absolute / absolute.sum(dim=1).reshape(-1, 1)  # [out, in]
+    return relative * torch.sqrt(input_sq_norm.float().to(weight.device).reshape(1, -1)) ** a  # [out, in]
