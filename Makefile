@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-cluster test-all wheel-check notebook study by-model clean-venv
+.PHONY: setup run test test-cluster test-gpu test-all wheel-check notebook study by-model clean-venv
 STUDY ?=
 
 $(STAMP): pyproject.toml Makefile
@@ -34,6 +34,10 @@ test: setup
 ## Sweeps on a real SLURM cluster (SLURM_CONF set; .ci/slurm_cluster.sh starts a local one)
 test-cluster: setup
 	$(PY) -m pytest -q -m cluster -o log_cli=true --log-cli-level=INFO --durations=0 $(PYTEST_ARGS)
+
+## The tests' CUDA half (the `device` fixture's cuda parameter, marker gpu) on a GPU node
+test-gpu: setup
+	$(PY) -m pytest -q -m gpu -rs $(PYTEST_ARGS)
 
 ## The wheel in a fresh venv, run from an empty folder: --help, a short run, the README snippet
 wheel-check: setup

@@ -34,3 +34,12 @@ def text_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("text") / "corpus.txt"
     path.write_text(TEXT)
     return path
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request) -> torch.device:
+    """Each test that takes it runs on the CPU and, marked `gpu`, on CUDA: skipped (and reported
+    as skipped, never passed) where there is no CUDA GPU. `make test-gpu` runs the CUDA half."""
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here")
+    return torch.device(request.param)

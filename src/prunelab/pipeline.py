@@ -38,10 +38,12 @@ from prunelab.evaluation.metrics import Metric
 from prunelab.errors import ConfigError
 from prunelab.files import check_writable
 from prunelab.interrupts import catch_termination
-from prunelab.models import LoadedModel, identity_key, load_model, model_identity
+from prunelab.models import LoadedModel, cache_identity, identity_key, load_model, model_identity
 from prunelab.models.loading import MemoryRequest
 from prunelab.models.checks import free_bytes
-from prunelab.models.memory import GIB, default_state_bytes
+from prunelab.models.memory import (
+    GIB, default_state_bytes, peak_device_memory, reset_peak_device_memory, synchronize,
+)
 from prunelab.models.boundary_operators import save_recovered
 from prunelab.pruning.base import PruningMethod, WeightPruning, first_stage
 from prunelab.pruning.report import layer_sparsity, parameter_counts, sparsity_report
@@ -74,12 +76,15 @@ class StageClock:
         self.layer_reads: dict[str, int] = {}  # per counted stage
         self.current: str | None = None
         self.on_done = on_done  # (stage, seconds) when a stage ends: the tracker streams it
+        self.device: torch.device | None = None  # the model's: CUDA stages are synchronised and
+        self.peak_device: dict[str, int] = {}  # their allocator peaks (bytes) reset at each start
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         self.current = name
         log.info("stage %s ...", name)
         reset_peak_rss()
+        reset_peak_device_memory(self.device)  # synchronises: the queue of the stage before is not ours
         start = time.perf_counter()
         if self.layer_type is not None and name in WORK_STAGES:
             reads = self.reads() if self.reads else 0
@@ -90,8 +95,12 @@ class StageClock:
                 self.layer_reads[name] = self.reads() - reads
         else:
             yield
+        synchronize(self.device)  # a CUDA stage has ended when its kernels have, not its launches
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
         self.peak_rss[name] = max(self.peak_rss.get(name, 0), peak_rss())
+        device_peak = peak_device_memory(self.device)
+        if device_peak is not None:
+            self.peak_device[name] = max(self.peak_device.get(name, 0), device_peak)
         log.info("stage %s done in %.1f s", name, self.timings[name])
         self.current = None
         if self.on_done is not None:
@@ -209,7 +218,7 @@ def dense_metrics(evaluators: list, loaded: LoadedModel, cache_dir: Path | None)
     stamps = {}
     for evaluator in evaluators:
         stamps.update(evaluator.protocol_stamps(loaded.model, loaded.tokenizer))
-    identity = model_identity(loaded)
+    identity = cache_identity(loaded)  # device and dtype too: a GPU bf16 run computes other numbers
     path = dense_cache.cache_file(cache_dir, identity, stamps) if cache_dir else None
     if path and path.exists():
         cached, problem = dense_cache.read_checked(path, identity, stamps)
@@ -301,6 +310,9 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         seed_everything(setup.seed)
         with clock("load"):
             loaded = load_model(setup.model, setup.cache_dir, memory_request(setup))
+        clock.device = loaded.device
+        if (loaded_peak := peak_device_memory(loaded.device)) is not None:
+            clock.peak_device["load"] = loaded_peak  # the process's first stage on the device
         record["memory"] = {"mode": loaded.mode, **(loaded.memory or {})}
         check_calibration_context(setup.data.calibration, loaded.config)
         if loaded.mode == "streamed":
@@ -370,10 +382,14 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         clock.timings["total"] = time.perf_counter() - start
         peaks = peak_memory()
         peaks["cpu_rss_bytes"] = max([peaks["cpu_rss_bytes"] or 0, *clock.peak_rss.values()])
+        if clock.peak_device:  # the allocator's peak is reset per stage: the run's is their largest
+            peaks["cuda_max_allocated_bytes"] = max(clock.peak_device.values())
         record.update(timings=clock.timings, peak_memory=peaks,
                       finished_at=datetime.now(timezone.utc).isoformat())
         if "memory" in record:
             record["memory"]["stage_peak_rss_bytes"] = dict(clock.peak_rss)
+            if clock.peak_device:
+                record["memory"]["stage_peak_cuda_bytes"] = dict(clock.peak_device)
         store = loaded.adapter.store if loaded is not None else None
         if store is not None:
             record["memory"].update(layer_reads=store.reads, layer_writes=store.writes)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from prunelab.context import PruneContext
-from prunelab.models import model_identity
+from prunelab.models import cache_identity
 from prunelab.files import atomic_write
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def cache_path(ctx: PruneContext, statistic: str, params: dict[str, Any],
                uses_calibration: bool) -> Path | None:
     if ctx.cache_dir is None:
         return None
-    key = {"version": CACHE_VERSION, "model": model_identity(ctx.loaded), "statistic": statistic,
+    key = {"version": CACHE_VERSION, "model": cache_identity(ctx.loaded), "statistic": statistic,
            "params": params, "calibration": calibration_hash(ctx.calibration()) if uses_calibration else None}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
     return Path(ctx.cache_dir) / "allocation" / f"{statistic}-{digest}.pt"

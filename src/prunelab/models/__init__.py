@@ -4,11 +4,11 @@ Hugging Face attribute paths)."""
 from prunelab.models.adapter import ROLES, ModelAdapter
 from prunelab.models.architectures import ARCHITECTURES, Architecture, architecture_for
 from prunelab.models.loading import (
-    LoadedModel, identity_key, load_model, model_identity, resolve_device, wrap_model,
+    LoadedModel, cache_identity, identity_key, load_model, model_identity, resolve_device, wrap_model,
 )
 from prunelab.models.spec import ModelSpec
 
 __all__ = [
     "ARCHITECTURES", "Architecture", "LoadedModel", "ModelAdapter", "ModelSpec", "ROLES",
-    "architecture_for", "identity_key", "load_model", "model_identity", "resolve_device", "wrap_model",
+    "architecture_for", "cache_identity", "identity_key", "load_model", "model_identity", "resolve_device", "wrap_model",
 ]

@@ -6,6 +6,7 @@ laptop CPU, and a GGUF checkpoint (converted once into a plain folder, see `mode
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
@@ -22,7 +23,7 @@ from prunelab.models.adapter import ModelAdapter
 from prunelab.models.architectures import architecture_for
 from prunelab.models.boundary_operators import apply_saved_boundary_operators
 from prunelab.models.checks import (
-    SKIP_MEMORY_CHECK, check_finite, check_loaded_weights, check_memory, guarded,
+    SKIP_MEMORY_CHECK, check_finite, check_loaded_weights, check_memory, free_bytes, guarded,
 )
 from prunelab.models.memory import (
     check_disk, choose_mode, default_state_bytes, detected_budget, estimate, streamed_disk_bytes,
@@ -87,22 +88,55 @@ def _checkpoint_dtype(config, dtype: str) -> torch.dtype:
     return getattr(torch, value) if isinstance(value, str) else value
 
 
-def choose_memory_mode(spec: ModelSpec, config, memory: MemoryRequest | None) -> tuple[str, dict | None]:
-    """("resident" | "streamed", the estimate and budget for the record) for this model and run."""
+def choose_memory_mode(spec: ModelSpec, config, memory: MemoryRequest | None,
+                       device: torch.device | None = None) -> tuple[str, dict | None]:
+    """("resident" | "streamed", the estimate and budgets for the record) for this model and run.
+
+    On a GPU (`device` cuda, no device_map) the weights, the method's state and the activations
+    live on the device: they are planned against its free memory (`torch.cuda.mem_get_info`), and
+    activations that do not fit there beside the layer go to the host, then to disk, planned
+    against the host's budget. On the CPU everything is planned against the host's."""
     if memory is None:
         return ("streamed" if spec.streaming is True else "resident"), None
     need = estimate(config, _checkpoint_dtype(config, spec.dtype), memory.activation_tokens,
                     memory.state_bytes, memory.batch_tokens, memory.layer_gradients)
     budget, origin = ((memory.budget_bytes, "runtime.memory_budget_gb") if memory.budget_bytes
                       else detected_budget())
-    if os.environ.get(SKIP_MEMORY_CHECK):
+    skip = bool(os.environ.get(SKIP_MEMORY_CHECK))
+    if skip:
         budget = None if spec.streaming != "auto" else budget
+    if device is not None and device.type == "cuda" and spec.device_map is None:
+        return _gpu_memory_mode(spec, memory, need, (budget, origin), device, skip)
     mode, spill = choose_mode(spec.streaming, need, budget, origin)
     record = {"estimate_bytes": need.as_dict(), "budget_bytes": budget, "budget_from": origin,
               "activations_spilled": spill}
     if mode == "streamed":
         record["disk_estimate_bytes"] = streamed_disk_bytes(need, spill, memory.layer_gradients,
                                                             memory.forward_checkpoint, memory.rewrites_layers)
+    return mode, record
+
+
+def _gpu_memory_mode(spec: ModelSpec, memory: MemoryRequest, need, host: tuple[int | None, str],
+                     device: torch.device, skip: bool) -> tuple[str, dict]:
+    """`choose_memory_mode` for a model on one GPU: the device's part against its free memory, the
+    host's part (the process, and the activations when the GPU cannot hold them) against the host."""
+    free = free_bytes(device)
+    gpu_budget = None if skip and spec.streaming != "auto" else free
+    gpu_origin = f"the free memory of {device} (torch.cuda.mem_get_info)"
+    on_gpu = dataclasses.replace(need, baseline=0)  # the process's own memory is the host's
+    mode, spill = choose_mode(spec.streaming, on_gpu, gpu_budget, gpu_origin)
+    host_budget, host_origin = host
+    activations_on = "device"
+    if spill:  # one batch stays on the GPU, the rest goes to the host if it fits there, else to disk
+        fits_host = host_budget is None or need.baseline + need.activations <= host_budget
+        activations_on = "host" if fits_host else "disk"
+    record = {"estimate_bytes": need.as_dict(), "budget_bytes": gpu_budget, "budget_from": gpu_origin,
+              "host_budget_bytes": host_budget, "host_budget_from": host_origin,
+              "activations_spilled": activations_on == "disk", "activations_on": activations_on}
+    if mode == "streamed":
+        record["disk_estimate_bytes"] = streamed_disk_bytes(
+            need, activations_on == "disk", memory.layer_gradients, memory.forward_checkpoint,
+            memory.rewrites_layers)
     return mode, record
 
 
@@ -124,7 +158,7 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None,
     config = guarded("the model config", source, lambda: AutoConfig.from_pretrained(source, **hub_kwargs))
     architecture = architecture_for(config.model_type)  # unsupported: clear error, nothing loaded
     device = resolve_device(spec.device)
-    mode, memory_record = choose_memory_mode(spec, config, memory)
+    mode, memory_record = choose_memory_mode(spec, config, memory, device)
     if mode == "streamed":
         return _load_streamed(spec, source, config, architecture, device, memory, memory_record,
                               hub_kwargs, cache_dir)
@@ -172,6 +206,10 @@ def _load_streamed(spec: ModelSpec, source: str, config, architecture, device: t
     model = guarded("the model weights", source, lambda: streamed_skeleton(
         source, config, _checkpoint_dtype(config, spec.dtype), device, architecture, work_dir))
     apply_saved_boundary_operators(model, source)
+    if memory_record and memory_record.get("activations_on") == "host":
+        store_of(model).host_activations = True
+        log.info("calibration activations (%.2f GiB) exceed %s's budget beside the layer: kept in host memory",
+                 memory_record["estimate_bytes"]["activations"] / 1024**3, device)
     if memory_record and memory_record.get("activations_spilled"):
         store_of(model).spill_dir = work_dir / "activations"
         log.info("calibration activations (%.2f GiB) exceed the budget beside the layer: spilled to %s",
@@ -210,6 +248,15 @@ def model_identity(loaded: LoadedModel) -> dict[str, Any]:
     if source.is_dir():
         identity["files"] = weight_file_hashes(source)  # by content, never by name and size
     return identity
+
+
+def cache_identity(loaded: LoadedModel) -> dict[str, Any]:
+    """`model_identity` plus where and in what the numbers are computed (device type, parameter
+    dtype): the key of a cached dense metric or statistic, so that a CUDA bfloat16 run never reuses
+    a CPU float32 run's. Not the pairing key of records (`identity_key`)."""
+    parameter = next((p for p in loaded.model.parameters() if p.is_floating_point()), None)
+    dtype = str(parameter.dtype).removeprefix("torch.") if parameter is not None else loaded.spec.dtype
+    return {**model_identity(loaded), "computed_on": {"device": loaded.device.type, "dtype": dtype}}
 
 
 def identity_key(loaded: LoadedModel) -> str:

@@ -73,6 +73,30 @@ def peak_rss() -> int:
     return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def synchronize(device: torch.device | None) -> None:
+    """Wait for the device's queued kernels (CUDA launches return at once): before a clock is read
+    or a peak taken, so that a stage's time and memory are its own. A no-op on the CPU."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak_device_memory(device: torch.device | None) -> None:
+    """Start a new peak of the CUDA allocator on `device` (without it, every stage would report
+    the run's peak so far). A no-op on the CPU, whose peak is `reset_peak_rss`'s."""
+    if device is not None and device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_device_memory(device: torch.device | None) -> int | None:
+    """Bytes the CUDA allocator held at most on `device` since `reset_peak_device_memory`; None
+    on the CPU."""
+    if device is None or device.type != "cuda":
+        return None
+    synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device))
+
+
 def current_rss(anonymous: bool = False) -> int:
     """Resident memory of this process now (bytes); `anonymous`: only its private memory
     (RssAnon), what a data limit or a cgroup charges, without the pages of shared libraries."""

@@ -141,6 +141,7 @@ class LayerStore:
         self.activation_budget_bytes = 2 * 1024**3
         #: where activations spill when they do not fit beside the layer (None: kept in memory)
         self.spill_dir: Path | None = None
+        self.host_activations = False  # GPU activations kept in host memory (the device's budget is short)
         self.spilled = 0  # activations kept in file-backed mappings so far
         _prefer_mmap_for_large_buffers()
 
@@ -214,12 +215,14 @@ class LayerStore:
         return self.model.get_submodule(self.arch.layers)
 
     def keep_activation(self, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor` as the runner keeps it between layers: in memory, or, with `spill_dir` set
-        (the calibration activations exceed the budget), in a file-backed shared mapping that
-        the kernel pages out as needed and that disappears with the tensor (unlinked at once)."""
-        if self.spill_dir is None or tensor.device.type != "cpu":
-            return tensor
-        return self.empty_activation(tensor.shape, tensor.dtype).copy_(tensor)
+        """`tensor` as the runner keeps it between layers: where it was computed; in host memory
+        when it is on a GPU whose budget cannot hold the activations (`host_activations`); or, with
+        `spill_dir` set (the activations exceed the host's budget too), in a file-backed shared
+        mapping that the kernel pages out as needed and that disappears with the tensor (unlinked
+        at once). The runner moves a kept tensor back to the layer's device when it uses it."""
+        if self.spill_dir is None:
+            return tensor.to("cpu") if self.host_activations and tensor.device.type != "cpu" else tensor
+        return self.empty_activation(tensor.shape, tensor.dtype).copy_(tensor)  # a GPU tensor too
 
     def empty_activation(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised CPU tensor kept as `keep_activation` keeps one (file-backed when

@@ -71,12 +71,32 @@ def library_versions() -> dict[str, str | None]:
 def hardware() -> dict[str, Any]:
     """Where the run ran. `cpu_capability` is the SIMD level torch's CPU kernels dispatch to: two
     machines that differ in it (or in CPU) can round differently, enough to move a pruning mask."""
-    gpus = []
-    if torch.cuda.is_available():
-        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
             "cpu_model": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpus": gpus}
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), **gpu_facts()}
+
+
+def gpu_facts() -> dict[str, Any]:
+    """The GPUs this process sees (`gpus`: name, memory, compute capability), the CUDA version torch
+    was built with and the driver's: what a GPU timing or a rounding difference depends on."""
+    if not torch.cuda.is_available():
+        return {"gpus": [], "cuda": None, "cuda_driver": None}
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        properties = torch.cuda.get_device_properties(index)
+        gpus.append({"name": properties.name, "memory_bytes": int(properties.total_memory),
+                     "capability": f"{properties.major}.{properties.minor}"})
+    return {"gpus": gpus, "cuda": torch.version.cuda, "cuda_driver": cuda_driver_version()}
+
+
+def cuda_driver_version() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi), or None where it cannot be asked."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
 
 
 #: environment.slurm's fields and the SLURM variables they come from.

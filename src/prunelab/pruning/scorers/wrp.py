@@ -58,6 +58,7 @@ class WeightRedundancy:
                     with store.spilling_beyond_budget(2 * n * row.numel() * row.element_size()):
                         rows[writer] = store.empty_activation((n, row.numel()), row.dtype)  # [L, D]
                 rows[writer][index] = row
-                norms[writer].append(frobenius_norms([linear.weight])[0])
+                # beside the rows, which live on the host (a GPU layer's are copied there)
+                norms[writer].append(frobenius_norms([linear.weight])[0].to(rows[writer].device))
         attn, mlp = (similarity_parts(rows[w], torch.stack(norms[w]), self.form) for w in (0, 1))
         return combine_writers(attn, mlp)
