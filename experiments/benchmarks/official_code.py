@@ -1,0 +1,95 @@
+"""Running an official pruning repository's code on the CPU with transformers 5, unedited.
+
+Most official repositories are Wanda-style scripts written for CUDA and transformers 4. Their
+files are copied, as committed, from a fetched mirror (`git show`) into a temporary package and
+imported there; what they need from a GPU machine and from transformers 4 is shimmed from
+outside, never by editing them:
+- `lib.data.get_loaders` (which downloads C4) is a stub returning the given calibration token ids
+  as `[(ids[i:i+1], None), ...]`;
+- `torch.cuda.empty_cache` is a no-op, `Tensor.cuda` the identity, and, with `cuda_to_cpu`,
+  `Tensor.to` maps any CUDA device to the CPU (RIA's assignment runs on a hard-coded "cuda:7");
+- each decoder layer gets a forward pre-hook computing `position_embeddings` from the model's
+  rotary embedding when absent (transformers 5 layers need it; the official loops pass
+  `position_ids` only);
+- `model.seqlen` and `model.hf_device_map` (`{}`: one device) are set, as their `get_llm` does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+
+def official_copy(repo: Path, files: Iterable[str], into: Path) -> Path:
+    """The official `files` (paths in the repository), as committed at HEAD, under `into`."""
+    for name in files:
+        text = subprocess.run(["git", "--git-dir", str(repo), "show", f"HEAD:{name}"], check=True,
+                              capture_output=True, text=True).stdout
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        (into / name).write_text(text)
+    return into
+
+
+@contextmanager
+def cpu_shims(model, token_ids: torch.Tensor, cuda_to_cpu: bool = False) -> Iterator[None]:
+    """Everything a Wanda-style official script needs on a CPU with transformers 5 (module doc)."""
+    data = types.ModuleType("lib.data")
+    data.get_loaders = lambda *a, **k: ([(token_ids[i:i + 1], None) for i in range(token_ids.shape[0])], None)
+    sys.modules["lib.data"] = data
+    rotary = model.model.rotary_emb
+
+    def add_position_embeddings(_layer, args, kwargs):
+        if kwargs.get("position_embeddings") is None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            positions = kwargs.get("position_ids")
+            if positions is None:
+                positions = torch.arange(hidden.shape[1]).unsqueeze(0)
+            kwargs["position_embeddings"] = rotary(hidden, positions)
+        return args, kwargs
+
+    handles = [layer.register_forward_pre_hook(add_position_embeddings, with_kwargs=True)
+               for layer in model.model.layers]
+    model.seqlen = token_ids.shape[1]
+    model.hf_device_map = {}
+    saved = torch.cuda.empty_cache, torch.Tensor.cuda, torch.Tensor.to
+    move = saved[2]
+
+    def to_cpu_instead(self, *args, **kwargs):
+        args = tuple("cpu" if _is_cuda(a) else a for a in args)
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        return move(self, *args, **kwargs)
+
+    torch.cuda.empty_cache = lambda: None
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    if cuda_to_cpu:
+        torch.Tensor.to = to_cpu_instead
+    try:
+        yield
+    finally:
+        torch.cuda.empty_cache, torch.Tensor.cuda, torch.Tensor.to = saved
+        for handle in handles:
+            handle.remove()
+        for name in [n for n in sys.modules if n == "lib" or n.startswith("lib.")]:
+            del sys.modules[name]
+
+
+def _is_cuda(value) -> bool:
+    return (isinstance(value, str) and value.startswith("cuda")) or (
+        isinstance(value, torch.device) and value.type == "cuda")
+
+
+@contextmanager
+def importable(folder: Path) -> Iterator[None]:
+    """`folder` first on sys.path while inside (the official package `lib` imports from there)."""
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))

@@ -1,0 +1,150 @@
+"""Benchmark: prunelab's RIA against the official RIA code on SmolLM2-135M, all 30 layers.
+
+The official code (biomedical-cybernetics/Relative-importance-and-activation-pruning,
+`lib/prune.py` `prune_ria`, with its `lib/layerwrapper.py`, `lib/sparsegpt.py`, `lib/quant.py`)
+runs unedited from a temporary copy, with the CPU shims of `official_code.py`, on one deep copy of
+the dense model; prunelab's `pruning=ria` on another, with the same calibration token ids (realtext,
+32 x 256, seed 0; fp32, CPU). Each setting is the official command line and the prunelab switches
+that claim to reproduce it; the table counts the mask entries where the two differ.
+
+    python experiments/benchmarks/official_ria.py --ria-repo /path/to/ria/git --out results/benchmarks
+    python experiments/benchmarks/official_ria.py --render-only --out results/benchmarks
+
+The CI counterpart (an oracle written from the paper, first layers) is in
+tests/test_faithful_references.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import platform
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from official_code import cpu_shims, importable, official_copy  # noqa: E402
+from oracles.compare import (  # noqa: E402
+    compare_weights, layer_weights, load_smollm2, realtext_calibration, run_prunelab, with_model,
+)
+
+from prunelab.pruning.ria import RIA  # noqa: E402
+
+OFFICIAL_FILES = ("lib/prune.py", "lib/layerwrapper.py", "lib/sparsegpt.py", "lib/quant.py")
+#: (official command-line switches, prunelab settings)
+SETTINGS = [
+    ("--sparsity_type unstructured", {"sparsity_type": "unstructured"}),
+    ("--sparsity_type 2:4", {"sparsity_type": "2:4"}),
+    ("--sparsity_type 2:4 --reallocation", {"sparsity_type": "2:4", "permutation": "heuristic"}),
+    ("--sparsity_type 2:4 --reallocation --lsa --fast", {"sparsity_type": "2:4", "permutation": "lsa",
+                                                         "lsa_fast": True}),
+    ("--sparsity_type 2:4 --reallocation --lsa", {"sparsity_type": "2:4", "permutation": "lsa"}),
+]
+COLUMNS = {"official": "official switches", "setting": "prunelab", "differing_entries": "differing entries",
+           "total_entries": "total entries", "layers_with_differences": "layers with differences",
+           "pruned_prunelab": "pruned (prunelab)", "pruned_oracle": "pruned (official)",
+           "seconds_prunelab": "prunelab s", "seconds_oracle": "official s"}
+
+
+def official_args(switches: str, nsamples: int, seqlen: int) -> tuple[types.SimpleNamespace, int, int]:
+    """main.py's arguments for these switches (its defaults otherwise), and prune_n, prune_m."""
+    words = switches.split()
+    sparsity_type = words[words.index("--sparsity_type") + 1]
+    args = types.SimpleNamespace(
+        model="smollm2-llama",  # its loops branch on "llama" in the model name
+        seed=0, calib_dataset="realtext", nsamples=nsamples, seqlen=seqlen, sparsity_ratio=0.5,
+        sparsity_type=sparsity_type, prune_method="ria", a=0.5, reconstruction=False, gptq=False,
+        reallocation="--reallocation" in words, lsa="--lsa" in words, fast="--fast" in words,
+        importance_score="sum", per_outneuron=False, semi_sparse_acc=False)
+    n, m = (0, 0) if sparsity_type == "unstructured" else map(int, sparsity_type.split(":"))
+    return args, n, m
+
+
+def run_official(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
+    """The official prune_ria on `model` (in place); wall seconds."""
+    args, n, m = official_args(switches, token_ids.shape[0], token_ids.shape[1])
+    with tempfile.TemporaryDirectory() as folder:
+        official_copy(repo, OFFICIAL_FILES, Path(folder))
+        with importable(Path(folder)), cpu_shims(model, token_ids, cuda_to_cpu=True):
+            from lib.prune import prune_ria  # noqa: PLC0415  (imported inside the shims: its lib.data)
+
+            start = time.perf_counter()
+            prune_ria(args, model, tokenizer, torch.device("cpu"), prune_n=n, prune_m=m)
+            return time.perf_counter() - start
+
+
+def measure(repo: Path, settings: list, nsamples: int, seqlen: int) -> pd.DataFrame:
+    loaded = load_smollm2()
+    token_ids = realtext_calibration(loaded.tokenizer, nsamples, seqlen, seed=0)
+    rows = []
+    for switches, prunelab_settings in settings:
+        official = copy.deepcopy(loaded.model)
+        seconds_official = run_official(repo, official, loaded.tokenizer, token_ids, switches)
+        official_weights = layer_weights(official)
+        del official
+        ours = with_model(loaded, copy.deepcopy(loaded.model))
+        seconds = run_prunelab(ours, RIA(**prunelab_settings), token_ids)
+        setting = " ".join(f"{k}={v}" for k, v in prunelab_settings.items())
+        result = compare_weights(layer_weights(ours.model), official_weights, method="ria", sparsity=0.5,
+                                 sparsity_type=prunelab_settings["sparsity_type"], setting=setting,
+                                 seconds_prunelab=seconds, seconds_oracle=seconds_official)
+        del ours
+        rows.append({**result.row(), "official": switches, "setting": setting})
+        print(f"{switches}: {result.differing} of {result.entries} entries differ "
+              f"({seconds:.0f} s prunelab, {seconds_official:.0f} s official)", flush=True)
+    return pd.DataFrame(rows)
+
+
+def render(table: pd.DataFrame, header: str) -> str:
+    shown = table[list(COLUMNS)].rename(columns=COLUMNS).copy()
+    for column in ("differing entries", "total entries"):
+        shown[column] = shown[column].map(lambda n: f"{int(n):,}")
+    for column in ("pruned (prunelab)", "pruned (official)"):
+        shown[column] = shown[column].map(lambda f: f"{f:.6f}")
+    for column in ("prunelab s", "official s"):
+        shown[column] = shown[column].map(lambda s: f"{s:.1f}")
+    return f"# {header}\n\n{shown.to_markdown(index=False)}\n\n{NOTES}"
+
+
+NOTES = """How to read it: every linear weight of SmolLM2-135M's 30 decoder layers (106,168,320 entries)
+is compared; `differing entries` counts those pruned by one side only. The official run is the
+repository's own `prune_ria`, unedited (shims only: `experiments/benchmarks/official_code.py`),
+with its command-line defaults (`--a 0.5`, `--importance_score sum`, no `--per_outneuron`); the
+prunelab run is `pruning=ria` with the settings shown. The `--reallocation` masks are 2:4 in the
+permuted channel order only, on both sides (the official code maps the permuted mask back onto the
+stored weights, as prunelab does).
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ria-repo", type=Path, help="git dir of the fetched official repository")
+    parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument("--nsamples", type=int, default=32)
+    parser.add_argument("--seqlen", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="skip the full (unblocked) assignment")
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args()
+    csv = args.out / "official_ria.csv"
+    header = (f"prunelab's RIA against the official code: SmolLM2-135M, all 30 layers, realtext "
+              f"calibration {args.nsamples} x {args.seqlen} tokens (seed 0); fp32, CPU "
+              f"({platform.machine()}), torch {torch.__version__}, {args.threads} thread(s)")
+    if not args.render_only:
+        torch.set_num_threads(args.threads)
+        settings = SETTINGS[:-1] if args.quick else SETTINGS
+        measure(args.ria_repo, settings, args.nsamples, args.seqlen).to_csv(csv, index=False)
+    (args.out / "official_ria.md").write_text(render(pd.read_csv(csv), header))
+    print((args.out / "official_ria.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
