@@ -31,10 +31,7 @@ import io
 import logging
 import os
 import re
-import socket
 import sys
-import time
-import uuid
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,15 +44,13 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf, open_dict, read_write
 
 from prunelab.cluster import checks, jobs, outcomes
+from prunelab.cluster.claims import Claims
 from prunelab.errors import ConfigError
-from prunelab.tracking import lease as leases
 
 log = logging.getLogger(__name__)
 
 #: sacct states of a job whose allocation was taken away: its run counts as interrupted.
 ENDED_BY_SLURM = ("CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE", "NODE_FAIL", "BOOT_FAIL", "REQUEUED")
-#: How often a run held by another owner is checked while the command waits for it.
-HOLDER_POLL_S = 5.0
 
 
 def _stop(err: ConfigError) -> None:
@@ -111,22 +106,25 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
         except ConfigError as err:
             _stop(err)
         labels = run_labels(job_overrides)
-        self._token = uuid.uuid4().hex  # the jobs of this launch take the leases it took for them
+        self._claims = Claims(self._EXECUTOR)
         returns: dict[int, JobReturn] = {}
         todo, held = [], []
         for n, overrides in enumerate(job_overrides):
             idx, config = initial_job_idx + n, self._run_config(list(overrides))
+            run = (idx, list(overrides), labels[n], config)
             done = self._finished(config)
+            lease = None
+            if done is None and config is not None:
+                lease = self._claims.take(config, idx, labels[n])
+                if lease is None:
+                    held.append(run)
+                    continue
+                done = self._finished(config)  # its previous owner may have completed it meanwhile
+                if done is not None:
+                    self._claims.release(config, lease)
             if done is not None:
                 log.info("#%d %s: completed already, not submitted", idx, labels[n])
                 returns[idx] = _returned(overrides, done)
-                continue
-            run = (idx, list(overrides), labels[n], config)
-            lease = self._claim(run, todo)
-            if isinstance(lease, JobReturn):
-                returns[idx] = lease
-            elif lease is False:
-                held.append(run)
             else:
                 todo.append((*run, lease))
         if not todo and not held:
@@ -135,35 +133,6 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
         jobs_ = self._submit(todo) if todo else []
         returns.update(self._wait_all(todo, jobs_, held, submitted_at))
         return [returns[initial_job_idx + n] for n in range(len(job_overrides))]
-
-    def _claim(self, run: tuple, todo: list) -> dict | bool | JobReturn | None:
-        """The run's lease, taken for its job; False when another live owner holds it (the command
-        waits for that run), its JobReturn when it completed meanwhile, None without a config."""
-        from prunelab.tracking.unstarted import unstarted_record_path
-
-        idx, overrides, label, config = run
-        if config is None:
-            return None
-        path = unstarted_record_path(config)
-        if any(other[3] is not None and unstarted_record_path(other[3]) == path for other in todo):
-            log.info("#%d %s: the same run as an earlier one of this sweep: waiting for it", idx, label)
-            return False
-        try:
-            lease = leases.take(path, jobs.verdict, state="submitting", owner=self._me())
-        except leases.RunHeld as held:
-            log.warning("#%d %s: being computed by %s: not submitted; waiting for its record", idx, label,
-                        held.owner)
-            return False
-        done = self._finished(config)
-        if done is not None:  # its previous owner completed it between the two looks
-            leases.release(path, lease)
-            log.info("#%d %s: completed already, not submitted", idx, label)
-            return _returned(overrides, done)
-        return lease
-
-    def _me(self) -> dict[str, Any]:
-        """This launching process as a lease owner (never its own SLURM job, if it runs in one)."""
-        return leases.identity(self._token, in_slurm=False)
 
     def _run_config(self, overrides: list[str]) -> dict[str, Any] | None:
         """The run's resolved config (what its record keeps), or None if it does not compose: then
@@ -211,51 +180,23 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
             log.info("\t#%d : %s", idx, label)
         job_params = [(overrides, "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
                       for idx, overrides, _, _, _ in todo]
-        token = os.environ.get(leases.TOKEN_VAR)
-        os.environ[leases.TOKEN_VAR] = self._token  # the jobs inherit it (sbatch exports the environment)
         try:
-            with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's refusal
-                jobs = executor.map_array(self, *zip(*job_params))
-        except (FailedJobError, FailedSubmissionError) as err:  # sbatch said no
-            self._release(todo)
-            _stop(checks.submission_error(str(err)))
-        except BaseException:
-            self._release(todo)
+            with self._claims.token_for_jobs(), contextlib.redirect_stderr(io.StringIO()):
+                jobs = executor.map_array(self, *zip(*job_params))  # submitit echoes sbatch's refusal
+        except BaseException as err:
+            for _, _, _, config, lease in todo:
+                if lease:
+                    self._claims.release(config, lease)
+            if isinstance(err, (FailedJobError, FailedSubmissionError)):  # sbatch said no
+                _stop(checks.submission_error(str(err)))
             raise
-        finally:
-            if token is None:
-                os.environ.pop(leases.TOKEN_VAR, None)
-            else:
-                os.environ[leases.TOKEN_VAR] = token
-        self._hand_leases(todo, jobs)
+        for (_, _, _, config, lease), job in zip(todo, jobs):
+            if lease:
+                self._claims.hand_to(config, lease, job)
         arrays = sorted({job.job_id.split("_")[0] for job in jobs})
         log.info("submitted %d job(s) (%s %s); logs in %s/.submitit/", len(jobs),
                  "SLURM job" if self._EXECUTOR == "slurm" else "local job", ", ".join(arrays), sweep_dir)
         return jobs
-
-    def _job_owner(self, job) -> dict[str, Any]:
-        """A submitted job as its run's lease owner: the SLURM job, or the local job's process."""
-        if self._EXECUTOR == "slurm":
-            return {"host": None, "pid": None, "pid_start": None, "slurm_job": job.job_id, "restart": 0,
-                    "token": self._token}
-        pid = int(job.job_id)
-        return {"host": socket.gethostname(), "pid": pid, "pid_start": leases.process_start(pid),
-                "slurm_job": None, "restart": 0, "token": self._token}
-
-    def _hand_leases(self, todo: list, jobs_: list) -> None:
-        from prunelab.tracking.unstarted import unstarted_record_path
-
-        for (_, _, _, config, lease), job in zip(todo, jobs_):
-            if lease:
-                leases.hand_to(unstarted_record_path(config), lease, self._job_owner(job), "submitted")
-
-    @staticmethod
-    def _release(todo: list) -> None:
-        from prunelab.tracking.unstarted import unstarted_record_path
-
-        for _, _, _, config, lease in todo:
-            if lease:
-                leases.release(unstarted_record_path(config), lease)
 
     def _wait_all(self, todo: list, jobs_: list, held: list, submitted_at: str) -> dict[int, JobReturn]:
         """Every job's outcome, in order, then the runs held elsewhere; Ctrl-C stops waiting (the
@@ -280,9 +221,8 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
         from prunelab.tracking import read_record
         from prunelab.tracking.unstarted import unstarted_record_path
 
+        self._claims.wait_for_holder(config)
         path = unstarted_record_path(config)
-        while leases.holder(path, jobs.verdict, self._me()) is not None:
-            time.sleep(HOLDER_POLL_S)
         record = read_record(path) or {}
         slurm_job = ((record.get("environment") or {}).get("slurm") or {}).get("job")
         if record.get("status") == "completed":
@@ -321,10 +261,8 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
         if status == "skipped":  # the job found the run held by another live owner
             log.warning("%s: %s", label, value.get("message"))
             return self._wait_for_holder(overrides, label, config)
-        if status == "interrupted" and slurm_job and config is not None:  # gone for good: its lease too
-            from prunelab.tracking.unstarted import unstarted_record_path
-
-            leases.release_job(unstarted_record_path(config), slurm_job=slurm_job)
+        if status == "interrupted" and slurm_job:  # its job ended for good: so does its lease
+            self._claims.job_ended(config, job)
         completed = outcomes.note_returned(value, label, slurm_job)
         if not completed and config is not None and self._written_by(job, config, submitted_at) is None:
             self._record(job, config, *outcomes.status_and_message(value))  # stopped before its pipeline
@@ -350,12 +288,7 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
         status = "interrupted" if state in ENDED_BY_SLURM or "not requeued" in message else "failed"
         if config is not None and written is None:
             self._record(job, config, status, message, state)
-        if config is not None:  # the job is over: nobody holds its run any more
-            from prunelab.tracking.unstarted import unstarted_record_path
-
-            slurm = job.job_id if self._EXECUTOR == "slurm" else None
-            leases.release_job(unstarted_record_path(config), slurm_job=slurm,
-                               pid=None if slurm else int(job.job_id))
+        self._claims.job_ended(config, job)  # the job is over: nobody holds its run any more
         slurm_job = job.job_id if self._EXECUTOR == "slurm" else None
         outcomes.note(status, label, message, slurm_job)
         return _returned(overrides, {"status": status, "message": message, "slurm_job": slurm_job})
