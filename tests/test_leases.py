@@ -164,3 +164,27 @@ def test_the_cli_skips_a_held_run_in_one_line(tiny_model_dirs, text_file, tmp_pa
     assert f"being computed by process {child.pid} on " in line and "skipped here" in line
     assert json.loads(record.read_text())["finished_at"] == finished
     assert len(list(record.parent.glob("result*.json"))) == 1  # nothing computed, nothing kept aside
+
+
+def test_a_local_parallel_sweep_waits_for_a_run_another_process_holds(tiny_model_dirs, text_file, tmp_path,
+                                                                      other_process):
+    """The launcher takes leases too: a run held elsewhere is not started; the sweep waits until the
+    owner is gone, then reports the run by its record."""
+    command = [PRUNELAB, "-m", "hydra/launcher=local_parallel", f"hydra.sweep.dir={tmp_path / 'multirun'}",
+               *tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path), "pruning=magnitude",
+               "evaluation=ppl", "runtime.threads=1", "runtime.skip_completed=false"]
+    first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    [record] = (tmp_path / "records").glob("*/seed0/result.json")
+    started = sorted((tmp_path / "multirun" / ".submitit").iterdir())
+    owner, child = other_process
+    leases.take(record, UNKNOWN, owner=owner)
+    second = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(15)
+    assert second.poll() is None  # waiting for the owner
+    child.kill()
+    child.wait()
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err[-2000:]
+    assert f"being computed by process {child.pid} on " in out + err
+    assert sorted((tmp_path / "multirun" / ".submitit").iterdir()) == started  # nothing started
