@@ -12,5 +12,5 @@ trap 'exit 130' INT TERM
 began=$SECONDS
 bash .ci/slurm_cluster.sh start
 eval "$(bash .ci/slurm_cluster.sh env)"
-"$PY" -m pytest -q -m cluster -o log_cli=true --log-cli-level=INFO --durations=0 tests/test_cluster.py
+"$PY" -m pytest -q -m cluster -o log_cli=true --log-cli-level=INFO --durations=0 tests/test_cluster.py tests/test_cluster_preempt.py
 echo "cluster tests: $((SECONDS - began)) s with the cluster's start" >&2

@@ -7,6 +7,8 @@
 #   eval "$(bash .ci/slurm_cluster.sh env)"  # SLURM_CONF for sinfo, sbatch, sacct, prunelab
 #   bash .ci/slurm_cluster.sh status
 #   bash .ci/slurm_cluster.sh stop           # cancel its jobs, stop the daemons it started
+#   bash .ci/slurm_cluster.sh fail-node      # the node dies: slurmd and its jobs' processes SIGKILLed
+#   bash .ci/slurm_cluster.sh restore-node   # slurmd started again; waits for an idle node
 #
 # Daemons: munged (as user munge, its own socket), MariaDB (127.0.0.1 only, its own port and data
 # folder) for slurmdbd, slurmdbd, slurmctld, slurmd; SLURM's ports bind to 127.0.0.1
@@ -109,7 +111,8 @@ JobCompType=jobcomp/none
 KillWait=30
 InactiveLimit=0
 SlurmctldTimeout=30
-SlurmdTimeout=30
+# A silent node is DOWN (its jobs NODE_FAIL) after this long: short, so fail-node takes seconds
+SlurmdTimeout=20
 NodeName=$node NodeAddr=127.0.0.1 $topology State=UNKNOWN
 PartitionName=$PARTITION Nodes=$node Default=YES MaxTime=INFINITE State=UP
 EOF
@@ -234,6 +237,41 @@ stop() {
     rm -f "$PIDS"
 }
 
+daemon_pid() {  # daemon_pid NAME: the recorded PID of a daemon `start` launched, if still ours
+    local name pid began
+    while read -r name pid began; do
+        [[ $name == "$1" ]] && ours "$pid" "$began" && { echo "$pid"; return 0; }
+    done <"$PIDS"
+    return 1
+}
+
+fail_node() {  # what a node lost with its power looks like to slurmctld: nothing answers any more
+    [[ -s $PIDS ]] || die "not started (no $PIDS)"
+    local slurmd job_pids steps=() pid parent
+    slurmd=$(daemon_pid slurmd) || die "slurmd is not running"
+    # every process of the node's jobs (scontrol asks each job's slurmstepd), and those slurmstepds
+    job_pids=$(scontrol listpids 2>/dev/null | awk 'NR > 1 {print $1}')
+    for pid in $job_pids; do
+        parent=$pid
+        while [[ -e /proc/$parent ]] && [[ $(awk '{print $4}' "/proc/$parent/stat") != 1 ]]; do
+            parent=$(awk '{print $4}' "/proc/$parent/stat")
+        done
+        [[ -e /proc/$parent ]] && steps+=("$parent")
+    done
+    # shellcheck disable=SC2086
+    kill -KILL "$slurmd" "${steps[@]}" $job_pids 2>/dev/null || true
+    say "node failed: killed slurmd ($slurmd), slurmstepd (${steps[*]:-none}), job processes (${job_pids//$'\n'/ })"
+}
+
+restore_node() {  # slurmd again (ReturnToService=2 puts the node back in service when it registers)
+    [[ -s $PIDS ]] || die "not started (no $PIDS)"
+    daemon_pid slurmd >/dev/null && die "slurmd is running"
+    sed -i '/^slurmd /d' "$PIDS"
+    launch slurmd slurmd -D -f "$CONF"
+    wait_for 60 "an idle node" node_idle
+    say "node back: slurmd $(daemon_pid slurmd)"
+}
+
 status() {
     [[ -s $PIDS ]] || { say "not started (no $PIDS)"; return 1; }
     local name pid began down=0
@@ -248,6 +286,8 @@ case "${1:-}" in
     start) start ;;
     stop) stop ;;
     status) status ;;
+    fail-node) fail_node ;;
+    restore-node) restore_node ;;
     env) echo "export SLURM_CONF=$CONF" ;;
-    *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+    *) echo "usage: $0 start|stop|status|env|fail-node|restore-node" >&2; exit 2 ;;
 esac

@@ -57,13 +57,14 @@ def cluster():
 class Sweep:
     """`prunelab` sweeps of the testbed through hydra/launcher=slurm_cpu in one folder."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, records: Path | None = None):
         self.root = root
+        self.records_dir = records or root / "records"
         self.base = ["hydra/launcher=slurm_cpu", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=2",
                      f"hydra.sweep.dir={root / 'multirun'}", "model=testbed_llama", "evaluation=ppl",
                      "evaluation.perplexity.max_windows=2", "evaluation.perplexity.seqlen=128",
                      "data.calibration.nsamples=4", "runtime.threads=1", "runtime.progress=false",
-                     "tracking=none", f"paths.records_dir={root / 'records'}", f"paths.cache_dir={root / 'cache'}"]
+                     "tracking=none", f"paths.records_dir={self.records_dir}", f"paths.cache_dir={root / 'cache'}"]
 
     def env(self, slow_seeds: str = "", slow_s: float = 600) -> dict[str, str]:
         path = os.pathsep.join(p for p in (str(SUPPORT), os.environ.get("PYTHONPATH", "")) if p)
@@ -80,13 +81,17 @@ class Sweep:
     def run(self, *overrides: str, slow_seeds: str = "", timeout: float = 600) -> subprocess.CompletedProcess:
         began = time.time()
         process = self.start(*overrides, slow_seeds=slow_seeds)
+        return self.finish(process, overrides, began, timeout)
+
+    def finish(self, process: subprocess.Popen, overrides, began: float, timeout: float = 600):
+        """Wait for a started sweep; its output, exit code and time are logged."""
         out, err = process.communicate(timeout=timeout)
         log.info("sweep %s: %.1f s, exit %d", " ".join(overrides), time.time() - began, process.returncode)
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
     def records(self, runs: int) -> dict[str, dict]:
         """Every run's record, by '<signature>/seed<n>'; exactly one file per run, no other."""
-        files = sorted((self.root / "records").glob("*/seed*/*.json"))
+        files = sorted(self.records_dir.glob("*/seed*/*.json"))
         assert all(f.name == "result.json" for f in files), [str(f) for f in files]
         assert len(files) == runs, [str(f) for f in files]
         return {f"{f.parent.parent.name}/{f.parent.name}": json.loads(f.read_text()) for f in files}

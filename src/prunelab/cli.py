@@ -32,6 +32,7 @@ from prunelab.cluster.outcomes import NOT_COMPLETED, in_launched_job, note, outc
 from prunelab.errors import ConfigError, PrunelabError
 from prunelab.interrupts import catch_termination, exit_code
 from prunelab.tracking.environment import slurm_job
+from prunelab.tracking.lease import RunHeld
 
 log = logging.getLogger("prunelab")
 
@@ -90,6 +91,14 @@ def _run(cfg: DictConfig, launched: bool) -> dict[str, Any] | None:
         _fail(f"interrupted ({name}); the record's status is interrupted, a relaunch runs it again",
               exit_code(err))
         return None
+    except RunHeld as err:  # another live process or SLURM job computes this run
+        log.warning("%s", err)
+        if launched or _in_multirun():
+            if not launched:
+                note("skipped", job, str(err))
+            return outcome("skipped", job, str(err))
+        print(f"prunelab: {err} (exit 1: no record was written by this command)", file=sys.stderr)
+        sys.exit(1)
     except Exception as err:
         # One failed setting of a sweep should not cost the rest: its record says failed (stage,
         # error) and a relaunch retries it. A single run fails as usual.

@@ -49,9 +49,10 @@ from prunelab.pruning.base import PruningMethod, WeightPruning, first_stage
 from prunelab.pruning.report import layer_sparsity, parameter_counts, sparsity_report
 from prunelab.recovery.base import Recovery, RecoveryContext
 from prunelab.recovery.plain_loading import save_for_plain_loading
-from prunelab.tracking import (
-    Tracker, is_completed, run_names,
-)
+from prunelab.cluster.jobs import verdict as slurm_verdict
+from prunelab.tracking import Tracker, is_completed, read_record, run_names
+from prunelab.tracking import lease as leases
+from prunelab.tracking.attempts import with_attempts
 from prunelab.tracking.trackers import scalar_metrics
 from prunelab.tracking.keep import finished_record, write_keeping_completed
 from prunelab.tracking.saved_model import save_model_folder
@@ -278,7 +279,9 @@ def run(setup: RunSetup) -> dict[str, Any]:
     """Run the pipeline once and return the record (also written to `setup.record_file`, or beside
     it when a completed record is there already: see tracking/keep.py).
 
-    SIGTERM and SIGINT end the run with a record whose status is `interrupted`."""
+    SIGTERM and SIGINT end the run with a record whose status is `interrupted`. The run holds its
+    lease while it computes (tracking/lease.py): when another live process or SLURM job holds it,
+    `RunHeld` (one line naming the owner) and nothing is computed."""
     with catch_termination():
         return _run(setup)
 
@@ -293,6 +296,29 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         log.warning("already completed but its model was not saved: running again to save it "
                     "(the completed record is kept aside)")
     check_writable(setup.records_dir, "the records folder")  # before any model is loaded
+    lease = leases.take(path, slurm_verdict)
+    interrupted = False
+    try:
+        done = finished_record(path, setup.save_model) if setup.skip_completed else None
+        if done is not None:  # the lease's previous owner completed it meanwhile
+            log.info("completed meanwhile by another process, skipping: %s", path)
+            return done
+        with leases.heartbeat(path, lease):
+            return _compute(setup)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        if interrupted and lease["owner"].get("slurm_job"):
+            leases.keep_for_requeue(path, lease)  # SLURM may run the job again: the job keeps the run
+        else:
+            leases.release(path, lease)
+
+
+def _compute(setup: RunSetup) -> dict[str, Any]:
+    """The run itself, under its lease: one record whatever happens."""
+    path = setup.record_file
+    previous = read_record(path)  # its attempts go on in this run's record
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "status": "failed", "signature": setup.signature,
         "seed": setup.seed, "study": setup.study, "labels": build_labels(setup), "config": setup.config,
@@ -394,7 +420,7 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         if store is not None:
             record["memory"].update(layer_reads=store.reads, layer_writes=store.writes)
             store.close()
-        written = write_keeping_completed(path, record)
+        written = write_keeping_completed(path, with_attempts(record, previous))
         if setup.output_dir is not None and Path(setup.output_dir).resolve() != path.parent.resolve():
             Path(setup.output_dir).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(written, Path(setup.output_dir) / "result.json")

@@ -13,8 +13,15 @@ exit code at 0. These launchers instead
   failed, interrupted, or "ended without a result" for a job that never reported back (cancelled
   while pending, killed, out of memory, a failed node; its state read from `sacct`), whose record
   the launching process then writes itself (tracking/unstarted.py), so every run has one;
-- never requeue: a job's end-of-allocation signals end its run as `interrupted` (interrupts.py) and
-  relaunching the same command reruns exactly the runs that did not complete.
+- take each run's lease (tracking/lease.py) before submitting it and hand it to the run's job, so a
+  relaunch, or a second sweep over the same records, never submits a run that a live job holds
+  (running, pending, or interrupted and requeued): it names the owner in one line and waits for
+  that run's record instead;
+- follow a job SLURM requeues (preemption, `scontrol requeue`, a failed node with requeue on): its
+  run's interrupted outcome only counts once `sacct` says the job ended for good; until then the
+  command waits for the requeued job and reports the run by its final outcome (cluster/jobs.py);
+- never requeue by itself: a job's end-of-allocation signals end its run as `interrupted`
+  (interrupts.py) and relaunching the same command reruns exactly the runs that did not complete.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ from hydra_plugins.hydra_submitit_launcher import submitit_launcher as upstream
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf, open_dict, read_write
 
-from prunelab.cluster import checks, outcomes
+from prunelab.cluster import checks, jobs, outcomes
+from prunelab.cluster.claims import Claims
 from prunelab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -98,22 +106,32 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
         except ConfigError as err:
             _stop(err)
         labels = run_labels(job_overrides)
+        self._claims = Claims(self._EXECUTOR)
         returns: dict[int, JobReturn] = {}
-        todo = []
+        todo, held = [], []
         for n, overrides in enumerate(job_overrides):
             idx, config = initial_job_idx + n, self._run_config(list(overrides))
+            run = (idx, list(overrides), labels[n], config)
             done = self._finished(config)
+            lease = None
+            if done is None and config is not None:
+                lease = self._claims.take(config, idx, labels[n])
+                if lease is None:
+                    held.append(run)
+                    continue
+                done = self._finished(config)  # its previous owner may have completed it meanwhile
+                if done is not None:
+                    self._claims.release(config, lease)
             if done is not None:
                 log.info("#%d %s: completed already, not submitted", idx, labels[n])
                 returns[idx] = _returned(overrides, done)
             else:
-                todo.append((idx, list(overrides), labels[n], config))
-        if not todo:
+                todo.append((*run, lease))
+        if not todo and not held:
             log.info("every run of the sweep has a completed record: nothing to submit")
-        else:
-            submitted_at = datetime.now(timezone.utc).isoformat()
-            jobs = self._submit(todo)
-            returns.update(self._wait_all(todo, jobs, submitted_at))
+        submitted_at = datetime.now(timezone.utc).isoformat()
+        jobs_ = self._submit(todo) if todo else []
+        returns.update(self._wait_all(todo, jobs_, held, submitted_at))
         return [returns[initial_job_idx + n] for n in range(len(job_overrides))]
 
     def _run_config(self, overrides: list[str]) -> dict[str, Any] | None:
@@ -158,48 +176,93 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if "mode" in self.config.hydra.sweep:
             os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
-        for idx, _, label, _ in todo:
+        for idx, _, label, _, _ in todo:
             log.info("\t#%d : %s", idx, label)
         job_params = [(overrides, "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
-                      for idx, overrides, _, _ in todo]
+                      for idx, overrides, _, _, _ in todo]
         try:
-            with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's refusal
-                jobs = executor.map_array(self, *zip(*job_params))
-        except (FailedJobError, FailedSubmissionError) as err:  # sbatch said no
-            _stop(checks.submission_error(str(err)))
+            with self._claims.token_for_jobs(), contextlib.redirect_stderr(io.StringIO()):
+                jobs = executor.map_array(self, *zip(*job_params))  # submitit echoes sbatch's refusal
+        except BaseException as err:
+            for _, _, _, config, lease in todo:
+                if lease:
+                    self._claims.release(config, lease)
+            if isinstance(err, (FailedJobError, FailedSubmissionError)):  # sbatch said no
+                _stop(checks.submission_error(str(err)))
+            raise
+        for (_, _, _, config, lease), job in zip(todo, jobs):
+            if lease:
+                self._claims.hand_to(config, lease, job)
         arrays = sorted({job.job_id.split("_")[0] for job in jobs})
         log.info("submitted %d job(s) (%s %s); logs in %s/.submitit/", len(jobs),
                  "SLURM job" if self._EXECUTOR == "slurm" else "local job", ", ".join(arrays), sweep_dir)
         return jobs
 
-    def _wait_all(self, todo: list, jobs: list, submitted_at: str) -> dict[int, JobReturn]:
-        """Every job's outcome, in order; Ctrl-C stops waiting (the jobs keep running)."""
+    def _wait_all(self, todo: list, jobs_: list, held: list, submitted_at: str) -> dict[int, JobReturn]:
+        """Every job's outcome, in order, then the runs held elsewhere; Ctrl-C stops waiting (the
+        jobs keep running and keep their runs' leases)."""
         returns = {}
         try:
-            for (idx, overrides, label, config), job in zip(todo, jobs):
+            for (idx, overrides, label, config, _), job in zip(todo, jobs_):
                 returns[idx] = self._outcome(job, overrides, label, config, submitted_at)
+            for idx, overrides, label, config in held:
+                returns[idx] = self._wait_for_holder(overrides, label, config)
         except KeyboardInterrupt:
-            ids = " ".join(sorted({job.job_id.split("_")[0] for job in jobs}))
+            ids = " ".join(sorted({job.job_id.split("_")[0] for job in jobs_})) or "none submitted here"
             print(f"prunelab: stopped waiting; the sweep's jobs ({ids}) keep running and write their "
-                  "records (squeue lists them, scancel stops them); once they are done, relaunching the "
-                  "same command submits just the runs without a completed record", file=sys.stderr)
+                  "records (squeue lists them, scancel stops them); relaunching the same command submits "
+                  "just the runs without a completed record that no live job holds, and waits for the rest",
+                  file=sys.stderr)
             sys.exit(130)
         return returns
+
+    def _wait_for_holder(self, overrides: list[str], label: str, config: dict | None) -> JobReturn:
+        """A run another live owner computes: wait until its lease is gone, then report its record."""
+        from prunelab.tracking import read_record
+        from prunelab.tracking.unstarted import unstarted_record_path
+
+        self._claims.wait_for_holder(config)
+        path = unstarted_record_path(config)
+        record = read_record(path) or {}
+        slurm_job = ((record.get("environment") or {}).get("slurm") or {}).get("job")
+        if record.get("status") == "completed":
+            log.info("%s: completed by %s", label, f"SLURM job {slurm_job}" if slurm_job else "another process")
+            return _returned(overrides, record)
+        failure, status = record.get("failure") or {}, record.get("status") or "failed"
+        if not record:
+            message = "its owner let go of it without a record"
+        elif status == "interrupted" and failure.get("stage") != "job":
+            message = f"interrupted ({failure.get('message')})"
+        else:
+            message = failure.get("message") if failure.get("stage") == "job" else \
+                f"{failure.get('error_type')}: {failure.get('message')}"
+        outcomes.note(status, label, f"{message} (not computed by this command)", slurm_job)
+        return _returned(overrides, {"status": status, "message": message, "slurm_job": slurm_job})
 
     def _outcome(self, job, overrides: list[str], label: str, config: dict | None,
                  submitted_at: str) -> JobReturn:
         from submitit.core.utils import UncompletedJobError
 
         slurm_job = job.job_id if self._EXECUTOR == "slurm" else None
-        try:
-            ret = job.results()[0]
-        except UncompletedJobError as err:  # also FailedJobError: no result from the run
-            return self._without_result(job, err, overrides, label, config, submitted_at)
-        if ret.status == JobStatus.FAILED:  # the run raised out of prunelab's entry (runtime.debug)
-            error = ret._return_value
-            value: Any = {"status": "failed", "message": f"{type(error).__name__}: {error}"}
-        else:
-            value = ret.return_value
+        while True:
+            jobs.wait(job)
+            try:
+                ret = job.results()[0]
+            except UncompletedJobError as err:  # also FailedJobError: no result from the run
+                return self._without_result(job, err, overrides, label, config, submitted_at)
+            if ret.status == JobStatus.FAILED:  # the run raised out of prunelab's entry (runtime.debug)
+                error = ret._return_value
+                value: Any = {"status": "failed", "message": f"{type(error).__name__}: {error}"}
+            else:
+                value = ret.return_value
+            status = outcomes.status_and_message(value)[0]
+            if not (slurm_job and status == "interrupted" and jobs.follow_requeue(job, label)):
+                break  # a requeued job's new attempt is read again; otherwise this is the run's end
+        if status == "skipped":  # the job found the run held by another live owner
+            log.warning("%s: %s", label, value.get("message"))
+            return self._wait_for_holder(overrides, label, config)
+        if status == "interrupted" and slurm_job:  # its job ended for good: so does its lease
+            self._claims.job_ended(config, job)
         completed = outcomes.note_returned(value, label, slurm_job)
         if not completed and config is not None and self._written_by(job, config, submitted_at) is None:
             self._record(job, config, *outcomes.status_and_message(value))  # stopped before its pipeline
@@ -224,7 +287,8 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
             message = f"the job ended {state} without a result (log: {job.paths.stderr})"
         status = "interrupted" if state in ENDED_BY_SLURM or "not requeued" in message else "failed"
         if config is not None and written is None:
-            self._record(job, config, status, message)
+            self._record(job, config, status, message, state)
+        self._claims.job_ended(config, job)  # the job is over: nobody holds its run any more
         slurm_job = job.job_id if self._EXECUTOR == "slurm" else None
         outcomes.note(status, label, message, slurm_job)
         return _returned(overrides, {"status": status, "message": message, "slurm_job": slurm_job})
@@ -244,13 +308,15 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
             return existing if slurm["job"] == job.job_id else None
         return existing if str(existing.get("started_at", "")) >= submitted_at else None
 
-    def _record(self, job, config: dict, status: str, message: str) -> None:
-        """The run's record, written here: its job never wrote one (see tracking/unstarted.py)."""
+    def _record(self, job, config: dict, status: str, message: str, state: str | None = None) -> None:
+        """The run's record, written here: its job never wrote one (see tracking/unstarted.py).
+        `state`: how sacct says the job ended (`failure.job_state`)."""
         from prunelab.tracking.unstarted import write_unstarted
 
         try:
             path = write_unstarted(config, status, "job", "JobEndedWithoutResult", message,
-                                   slurm_job_named(job) if self._EXECUTOR == "slurm" else None)
+                                   slurm_job_named(job) if self._EXECUTOR == "slurm" else None,
+                                   state if self._EXECUTOR == "slurm" else None)
             log.info("record: %s (%s)", path, status)
         except Exception as problem:  # an unwritable folder: the line below still names the run
             log.warning("no record for this run: %s", problem)

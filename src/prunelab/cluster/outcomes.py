@@ -2,8 +2,9 @@
 
 A launched job (submitit: `hydra/launcher=slurm`, `slurm_cpu`, `local_parallel`) runs in its own
 process, so it cannot add to the launching process's list of failed runs; it returns its outcome
-instead (a completed run returns its record): `{"status": "failed" | "interrupted", "job": <the
-run's overrides>, "message": ..., "slurm_job": <id or None>}`. The launcher turns every job's end,
+instead (a completed run returns its record): `{"status": "failed" | "interrupted" | "skipped",
+"job": <the run's overrides>, "message": ..., "slurm_job": <id or None>}`; `skipped`: another live
+process or SLURM job holds the run's lease (tracking/lease.py), so this job computed nothing. The launcher turns every job's end,
 including a job that never reported back, into one line of `NOT_COMPLETED`; `prunelab` prints them
 and exits 1. Runs of the basic launcher (one process) add their line directly.
 """
@@ -14,7 +15,8 @@ import os
 import sys
 from typing import Any
 
-#: (status, "<overrides>: <why>") for each run of this process's sweep that failed or was interrupted.
+#: (status, "<overrides>: <why>") for each run of this process's sweep that failed, was interrupted or
+#: was skipped (its lease held elsewhere).
 NOT_COMPLETED: list[tuple[str, str]] = []
 
 
@@ -31,14 +33,14 @@ def outcome(status: str, job: str, message: str) -> dict[str, Any]:
 
 
 def note(status: str, job: str, message: str, slurm_job: str | None = None) -> None:
-    """Add the line of a run that did not complete (status failed or interrupted)."""
+    """Add the line of a run that did not complete (status failed, interrupted or skipped)."""
     where = f" [SLURM job {slurm_job}]" if slurm_job else ""
     NOT_COMPLETED.append((status, f"{job or '(no overrides)'}: {message}{where}"))
 
 
 def status_and_message(value: Any) -> tuple[str, str]:
     """(status, message) of a launched job's return value ("completed" for a record)."""
-    if isinstance(value, dict) and value.get("status") in ("completed", "failed", "interrupted"):
+    if isinstance(value, dict) and value.get("status") in ("completed", "failed", "interrupted", "skipped"):
         return value["status"], str(value.get("message", value["status"]))
     return "failed", f"the job returned {type(value).__name__}, not a record"
 
@@ -57,10 +59,12 @@ def report() -> int:
     """Print the runs that did not complete (stderr); the exit code: 1 if any, else 0."""
     if not NOT_COMPLETED:
         return 0
-    interrupted = any(status == "interrupted" for status, _ in NOT_COMPLETED)
-    what = "failed or were interrupted" if interrupted else "failed"
+    statuses = {status for status, _ in NOT_COMPLETED}
+    what = "failed or were interrupted" if "interrupted" in statuses else "failed"
+    if "skipped" in statuses:
+        what = "did not complete here" if statuses - {"skipped"} else "were left to the process that holds them"
     print(f"prunelab: {len(NOT_COMPLETED)} run(s) of the sweep {what} (records say why; relaunch "
-          "the same command to rerun just those):", file=sys.stderr)
+          "the same command to rerun just those that did not complete):", file=sys.stderr)
     for _, line in NOT_COMPLETED:
         print(f"  {line}", file=sys.stderr)
     return 1

@@ -14,9 +14,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from prunelab.tracking.attempts import with_attempts
 from prunelab.tracking.environment import environment
 from prunelab.tracking.keep import write_keeping_completed
-from prunelab.tracking.record import SCHEMA_VERSION, config_signature, record_path
+from prunelab.tracking.record import SCHEMA_VERSION, config_signature, read_record, record_path
 
 
 def unstarted_record_path(config: dict[str, Any]) -> Path:
@@ -25,9 +26,10 @@ def unstarted_record_path(config: dict[str, Any]) -> Path:
 
 
 def write_unstarted(config: dict[str, Any], status: str, stage: str, error_type: str,
-                    message: str, slurm: dict[str, Any] | None = None) -> Path:
+                    message: str, slurm: dict[str, Any] | None = None, job_state: str | None = None) -> Path:
     """Write the `failed` / `interrupted` record of a run that did not start; returns its path.
-    `slurm`: the run's SLURM job, when another process (the launcher) writes the record."""
+    `slurm`: the run's SLURM job, when another process (the launcher) writes the record;
+    `job_state`: how `sacct` says that job ended (`failure.job_state`: NODE_FAIL, CANCELLED, ...)."""
     now = datetime.now(timezone.utc).isoformat()
     where = environment()
     if slurm is not None:
@@ -36,6 +38,8 @@ def write_unstarted(config: dict[str, Any], status: str, stage: str, error_type:
         "schema_version": SCHEMA_VERSION, "status": status, "signature": config_signature(config),
         "seed": int(config["seed"]), "study": config.get("study"), "labels": {}, "config": config,
         "started_at": now, "finished_at": now, "environment": where, "timings": {},
-        "failure": {"stage": stage, "error_type": error_type, "message": message, "traceback": None},
+        "failure": {"stage": stage, "error_type": error_type, "message": message, "traceback": None,
+                    **({"job_state": job_state} if job_state else {})},
     }
-    return write_keeping_completed(unstarted_record_path(config), record)
+    path = unstarted_record_path(config)
+    return write_keeping_completed(path, with_attempts(record, read_record(path)))
