@@ -1,0 +1,53 @@
+"""Magnitude-sp: heads and channels ranked by the norms of their output-projection columns.
+
+The data-free structured baseline of An et al., "Fluctuation-based Adaptive Structured Pruning for
+Large Language Models", AAAI 2024 (CASIA-IVA-Lab/FLAP, `lib/prune.py: prune_magnitude_sp`).
+1. Column score: the L2 norm of each input column of o_proj and down_proj (in the weight's dtype);
+   a head's is the sum of its columns'.
+2. Remove int(ratio x heads) heads and int(ratio x channels) channels of every layer: every unit
+   scoring at least the k-th smallest is kept (ties kept). No compensation bias.
+Select with `pruning=magnitude_sp` (conf/pruning/magnitude_sp.yaml). The defaults are the
+reference's (ratio 0.2); `params_removed` and grouped-query models as in `pruning.wanda_sp`.
+Measured against the official code on SmolLM2-135M's multi-head rewrite:
+results/benchmarks/faithful_width.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from prunelab.context import PruneContext, PruneReport
+from prunelab.pruning.width import WidthAccount, check_width_settings, prune_layer_uniformly
+from prunelab.scoring.width import magnitude_sp_column_scores
+
+
+class MagnitudeSP:
+    name = "magnitude_sp"
+    changes_shapes = True  # the efficiency evaluator measures it by default (evaluation.efficiency)
+    streamable = False
+
+    def __init__(self, ratio: float = 0.2, params_removed: float | None = None):
+        check_width_settings(ratio, params_removed)
+        self.ratio, self.params_removed = ratio, params_removed
+
+    def labels(self) -> dict[str, Any]:
+        return {"method": self.name, "ratio": None if self.params_removed else self.ratio,
+                "params_removed": self.params_removed}
+
+    def score(self, ctx: PruneContext) -> tuple[WidthAccount, tuple[int, int]]:
+        """The dense model's parameters and the (heads, channels) each layer loses (no data)."""
+        account = WidthAccount(ctx.loaded.adapter, self.params_removed)
+        return account, account.uniform_counts(self.ratio)
+
+    @torch.no_grad()
+    def prune(self, ctx: PruneContext, plan: tuple[WidthAccount, tuple[int, int]]) -> PruneReport:
+        account, counts = plan
+        adapter = ctx.loaded.adapter
+        kept_heads = []
+        for index, layer in enumerate(adapter.layers):
+            o, down = adapter.residual_writers(layer)
+            attn, mlp = magnitude_sp_column_scores(o.weight), magnitude_sp_column_scores(down.weight)
+            kept_heads.append(prune_layer_uniformly(adapter, index, attn, mlp, counts))
+        return PruneReport(layer_targets=None, details={"width": account.record(kept_heads)})
