@@ -14,32 +14,15 @@ results/benchmarks/faithful_width.md.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from prunelab.context import PruneContext, PruneReport
-from prunelab.pruning.width import WidthAccount, check_width_settings, prune_layer_uniformly
+from prunelab.pruning.width import UniformWidthPruning, WidthAccount, prune_layer_uniformly
 from prunelab.scoring.width import magnitude_sp_column_scores
 
 
-class MagnitudeSP:
+class MagnitudeSP(UniformWidthPruning):
     name = "magnitude_sp"
-    changes_shapes = True  # the efficiency evaluator measures it by default (evaluation.efficiency)
-    streamable = False
-
-    def __init__(self, ratio: float = 0.2, params_removed: float | None = None):
-        check_width_settings(ratio, params_removed)
-        self.ratio, self.params_removed = ratio, params_removed
-
-    def labels(self) -> dict[str, Any]:
-        return {"method": self.name, "ratio": None if self.params_removed else self.ratio,
-                "params_removed": self.params_removed}
-
-    def score(self, ctx: PruneContext) -> tuple[WidthAccount, tuple[int, int]]:
-        """The dense model's parameters and the (heads, channels) each layer loses (no data)."""
-        account = WidthAccount(ctx.loaded.adapter, self.params_removed)
-        return account, account.uniform_counts(self.ratio)
 
     @torch.no_grad()
     def prune(self, ctx: PruneContext, plan: tuple[WidthAccount, tuple[int, int]]) -> PruneReport:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models.adapter import ModelAdapter
 from prunelab.models.width import check_resizable, layer_width, resize_layer
@@ -106,3 +107,27 @@ def prune_layer_uniformly(adapter: ModelAdapter, index: int, attn_columns: torch
     kept = torch.where(heads)[0]
     resize_layer(adapter, index, kv_heads=kept, channels=torch.where(channels)[0])
     return kept.tolist()
+
+
+class UniformWidthPruning:
+    """What the per-layer structured baselines (Wanda-sp, magnitude-sp) share: the reference's
+    ratio or a parameter budget, their labels, and the plan made before any weight changes (the
+    dense model's parameters and the (heads, channels) every layer loses)."""
+
+    name = "uniform_width"
+    changes_shapes = True  # the efficiency evaluator measures it by default (evaluation.efficiency)
+    streamable = False
+
+    def __init__(self, ratio: float = 0.2, params_removed: float | None = None):
+        check_width_settings(ratio, params_removed)
+        self.ratio, self.params_removed = ratio, params_removed
+
+    def labels(self) -> dict[str, Any]:
+        return {"method": self.name, "ratio": None if self.params_removed else self.ratio,
+                "params_removed": self.params_removed}
+
+    def score(self, ctx: PruneContext) -> tuple[WidthAccount, tuple[int, int]]:
+        """The plan; the scores themselves are computed per layer in `prune` (Wanda-sp's depend on
+        the already-pruned earlier layers)."""
+        account = WidthAccount(ctx.loaded.adapter, self.params_removed)  # an unsupported model fails here
+        return account, account.uniform_counts(self.ratio)
