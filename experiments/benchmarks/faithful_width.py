@@ -187,6 +187,21 @@ def differing(ours: list[list[int]], theirs: list[list[int]]) -> int:
     return sum(len(set(a) ^ set(b)) for a, b in zip(ours, theirs))
 
 
+NOTES = """How to read it: the multi-head rewrite has 9 heads in each of 30 layers (270) and 1,536 MLP
+channels in each (46,080). `differing heads` / `differing channels`: units kept by one side only,
+summed over layers. `max abs dW` / `max abs dbias`: the largest difference of any weight or bias
+after pruning (shapes must match first); 0 means bit-identical, so no float tolerance is needed:
+both sides run the same float16 kernels in the same order, and the compensation bias is the
+float16-rounded mean times the float16 weights on both. `max abs bias`: the largest compensation
+bias the official code wrote (FLAP's are non-zero, so the bias comparison is a real one; Wanda-sp
+and magnitude-sp add none: the official side's are the zero biases its `get_llm` adds).
+`params removed`: the fraction of the rewrite's parameters that went, which is not the ratio:
+AL-AM costs a head 170 channels whatever its size (about 24% of the layers' parameters at 0.2 on
+64-dim heads), Wanda-sp and magnitude-sp remove int(0.2 x 9) = 1 head and int(0.2 x 1536) = 307
+channels per layer. Times are CPU float16 on a shared machine, not a speed comparison.
+"""
+
+
 def render(table: pd.DataFrame, header: str) -> str:
     shown = table[list(COLUMNS)].rename(columns=COLUMNS).copy()
     for column in ("max abs dW", "max abs dbias", "max abs bias"):
@@ -195,7 +210,7 @@ def render(table: pd.DataFrame, header: str) -> str:
     for column in ("prunelab s", "official s"):
         shown[column] = shown[column].map(lambda t: f"{t:.0f}")
     markdown = shown.to_markdown(index=False, disable_numparse=True)
-    return header + "\n\n" + markdown + "\n"
+    return header + "\n\n" + markdown + "\n\n" + NOTES
 
 
 def main() -> int:
@@ -208,7 +223,8 @@ def main() -> int:
     parser.add_argument("--ratio", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
+                        help="re-measure these methods; the other methods' rows are kept from the CSV")
     parser.add_argument("--render-only", action="store_true", help="rewrite the markdown from the CSV")
     args = parser.parse_args()
     csv, md = args.out / "faithful_width.csv", args.out / "faithful_width.md"
@@ -229,8 +245,9 @@ def main() -> int:
               f"rewrite, all {len(dense.model.layers)} layers, realtext calibration {args.nsamples} x "
               f"{args.seqlen} tokens (seed {args.seed}), ratio {args.ratio}; float16, CPU "
               f"({platform.processor() or platform.machine()}), torch {torch.__version__}, {args.threads} thread(s)")
-    rows = []
     args.out.mkdir(parents=True, exist_ok=True)
+    kept = pd.read_csv(csv) if csv.exists() and set(args.methods) != set(METHODS) else None
+    rows = kept[~kept["method"].isin(args.methods)].to_dict("records") if kept is not None else []
     with tempfile.TemporaryDirectory(prefix="flap-official-") as tmp:
         copy_dir = official_copy(args.flap_repo, Path(tmp))
         for method in args.methods:
@@ -255,7 +272,8 @@ def main() -> int:
                          "seconds_prunelab": seconds_ours, "seconds_official": seconds_theirs})
             print(rows[-1], flush=True)
             del ours, theirs
-            table = pd.DataFrame(rows)
+            order = list(METHODS)  # the table in method order whatever was re-measured
+            table = pd.DataFrame(rows).sort_values("method", key=lambda c: c.map(order.index), kind="stable")
             table.to_csv(csv, index=False)
             md.write_text(render(table, header))
     print(md.read_text())
