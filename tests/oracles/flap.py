@@ -86,7 +86,8 @@ class Fluctuation:
         self.mean += torch.mean(x, dim=1) / (n + 1)
         if n >= 1:
             self.fluctuation *= (n - 1) / n
-            self.fluctuation += torch.sum((x - self.mean.unsqueeze(1)) * (x - self.mean.unsqueeze(1)), dim=1) / (n + 1)
+            deviation = x - self.mean.unsqueeze(1)  # from the already-updated mean (the quirk)
+            self.fluctuation += torch.sum(deviation * deviation, dim=1) / (n + 1)
         self.samples = n + 1
 
 

@@ -23,16 +23,15 @@ heads and channels of every layer), `bias: false`, `bias_mean: float32`, and `pa
 fraction of the model's parameters to remove (`pruning.parameter_budget`), which replaces `ratio`
 and counts each unit at its true parameter cost (and the added biases against the budget).
 Grouped-query models (an extension; the reference is multi-head only): a unit is a key/value head
-with its query heads, scored by the mean of its columns, at 512/3 per query head under the
-reference cost. Measured: with the defaults, on SmolLM2-135M's exact multi-head rewrite
-(float16, 16 x 128 realtext tokens, ratio 0.2), the same heads and channels as the official code in
-all 30 layers and bit-identical weights and compensation biases
-(results/benchmarks/faithful_width.md).
+with its query heads, scored by the mean of its columns, costing int(512/3 x its query heads)
+channels under the reference cost (512 for SmolLM2's groups of 3).
+Measured: with the defaults, on SmolLM2-135M's exact multi-head rewrite (float16, 16 x 128
+realtext tokens, ratio 0.2), the same heads and channels as the official code in all 30 layers and
+bit-identical weights and compensation biases (results/benchmarks/faithful_width.md).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -48,8 +47,6 @@ from prunelab.pruning.parameter_budget import parameters_to_remove
 from prunelab.pruning.width import WidthAccount, check_width_settings, unit_costs
 from prunelab.scoring.width import (FLAP_METRICS, REFERENCE_HEAD_COST, adaptive_keep, adaptive_unit_scores,
                                     compensation_bias, flap_metric, per_unit, uniform_keep)
-
-log = logging.getLogger(__name__)
 
 STRUCTURES = ("AL-AM", "UL-UM")
 BIAS_MEANS = ("float16", "float32")
@@ -126,7 +123,8 @@ class FLAP:
         total = adapter.num_layers * (attn.shape[1] * attn_cost + mlp.shape[1] * mlp_cost)
         need = parameters_to_remove(scores.account.dense_total, self.params_removed, self.added_parameters(ctx))
         costs = torch.tensor([attn_cost, mlp_cost], dtype=torch.float64)
-        return adaptive_keep(attn, mlp, costs[0], costs[1], kept_cost=torch.tensor(total - need, dtype=torch.float64))
+        kept_cost = torch.tensor(total - need, dtype=torch.float64)
+        return adaptive_keep(attn, mlp, costs[0], costs[1], kept_cost=kept_cost)
 
     @torch.no_grad()
     def prune(self, ctx: PruneContext, scores: FlapScores) -> PruneReport:

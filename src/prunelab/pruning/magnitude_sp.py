@@ -8,10 +8,9 @@ Large Language Models", AAAI 2024 (CASIA-IVA-Lab/FLAP, `lib/prune.py: prune_magn
    scoring at least the k-th smallest is kept (ties kept). No compensation bias.
 Select with `pruning=magnitude_sp` (conf/pruning/magnitude_sp.yaml). The defaults are the
 reference's (ratio 0.2); `params_removed` and grouped-query models as in `pruning.wanda_sp`.
-Measured: with the defaults, on SmolLM2-135M's exact multi-head rewrite
-(float16, 16 x 128 realtext tokens, ratio 0.2), the same heads and channels as the official code in
-all 30 layers and bit-identical weights
-(results/benchmarks/faithful_width.md).
+Measured: with the defaults, on SmolLM2-135M's exact multi-head
+rewrite (float16, 16 x 128 realtext tokens, ratio 0.2), the same heads and channels as the
+official code in all 30 layers and bit-identical weights (results/benchmarks/faithful_width.md).
 """
 
 from __future__ import annotations

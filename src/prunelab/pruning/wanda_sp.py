@@ -13,10 +13,9 @@ Select with `pruning=wanda_sp` (conf/pruning/wanda_sp.yaml). The defaults are th
 remove: heads at that fraction of the decoder layers (floored), channels for the rest
 (`pruning.parameter_budget.uniform_counts`). Grouped-query models (an extension): a unit is a
 key/value head with its query heads, int(ratio x key/value heads) of them go (none at 0.2 with 3
-key/value heads). Measured: with the defaults, on SmolLM2-135M's exact multi-head rewrite
-(float16, 16 x 128 realtext tokens, ratio 0.2), the same heads and channels as the official code in
-all 30 layers and bit-identical weights
-(results/benchmarks/faithful_width.md).
+key/value heads). Measured: with the defaults, on SmolLM2-135M's exact multi-head
+rewrite (float16, 16 x 128 realtext tokens, ratio 0.2), the same heads and channels as the
+official code in all 30 layers and bit-identical weights (results/benchmarks/faithful_width.md).
 """
 
 from __future__ import annotations
@@ -43,7 +42,8 @@ class WandaSP(UniformWidthPruning):
         adapter = ctx.loaded.adapter
         statistic = partial(SquaredColumnNorm, arithmetic="reference")
         kept_heads = []
-        for step in layer_pass(adapter, ctx.calibration(), ctx.batch_size, "pruned", ctx.progress, desc="wanda_sp"):
+        steps = layer_pass(adapter, ctx.calibration(), ctx.batch_size, "pruned", ctx.progress, desc="wanda_sp")
+        for step in steps:
             groups = role_linears(adapter, step.layer, ROLES)
             with collect_linear_inputs(role_readers(groups), statistic) as norms:
                 step.forward()
