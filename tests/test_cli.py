@@ -41,8 +41,8 @@ def test_every_group_option_composes_and_builds(group, option, text_file, tmp_pa
         overrides.append("pruning=depth")  # these recoveries repair removed layers
     setup = build_setup(compose_config(overrides))
     assert setup.signature and setup.record_file.name == "result.json"
-    stage, _ = first_stage(setup.pruning)  # named for its work: depth pruning scores, the rest allocate
-    assert stage == ("score" if setup.pruning.name == "depth" else "allocate")
+    stage, _ = first_stage(setup.pruning)  # named for its work: depth and width pruning score, the rest allocate
+    assert stage == ("score" if getattr(setup.pruning, "changes_shapes", False) else "allocate")
 
 
 @pytest.mark.parametrize("experiment", group_options("experiment"))

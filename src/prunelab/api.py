@@ -89,7 +89,10 @@ def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: fl
     Args:
         model, tokenizer: any supported architecture (Llama, Mistral, Qwen2/3, GPT-NeoX, OPT),
             on the device it should compute on.
-        method: a `pruning=` option: wanda, sparsegpt, magnitude, depth, dense.
+        method: a `pruning=` option: wanda, sparsegpt, magnitude, depth, dense, or a width
+            method that cuts heads and MLP channels out of the modules: flap, wanda_sp,
+            magnitude_sp (`ratio=0.2`, the reference's, or `params_removed=0.2`, the fraction of
+            the model's parameters to remove).
         sparsity: target sparsity of weight pruning (the YAML's default when None).
         calibration: token ids ([N, T] or [T]); a list of texts (tokenized and cut into `nsamples`
             random windows of `seqlen` tokens with `seed`); or a `data=` option name (testbed,

@@ -196,7 +196,9 @@ def check_streamable(setup: RunSetup) -> None:
     """What a streamed model cannot run yet: one line, before any work."""
     problems = []
     scorer = getattr(setup.pruning, "scorer", None)
-    if not isinstance(setup.pruning, WeightPruning) and not getattr(scorer, "streamable", False):
+    if getattr(setup.pruning, "streamable", True) is False:  # width pruning resizes the layers
+        problems.append(f"pruning={setup.pruning.name}")
+    elif not isinstance(setup.pruning, WeightPruning) and not getattr(scorer, "streamable", False):
         problems.append(f"pruning/scorer={getattr(scorer, 'name', setup.pruning.name)} (the README's "
                         "'Models larger than memory' lists the scorers that stream)")
     if setup.recovery.name != "none" and not getattr(setup.recovery, "streamable", False):

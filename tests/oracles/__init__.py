@@ -13,7 +13,10 @@ shares none of its code can be compared mask entry by mask entry:
 - `sparsegpt_oracle`: the OBS solver with the adaptive 128-column mask (Frantar & Alistarh,
   "SparseGPT: Massive Language Models Can Be Accurately Pruned in One-Shot", 2023);
 - `ria_oracle`: relative importance times activation ** a, one threshold per matrix, and the
-  heuristic channel reallocation for N:M (Zhang et al., "Plug-and-Play", ICLR 2024).
+  heuristic channel reallocation for N:M (Zhang et al., "Plug-and-Play", ICLR 2024);
+- `oracles.flap`: FLAP's fluctuation metric, adaptive structure and bias, and its Wanda-sp and
+  magnitude-sp baselines, cutting heads and channels out of a multi-head Llama (An et al.,
+  "Fluctuation-based Adaptive Structured Pruning for Large Language Models", AAAI 2024).
 
 Nothing in these modules imports prunelab (`tests/test_faithful_references.py` checks it); they
 know Llama's attribute paths and nothing else, so they serve Llama-family models (SmolLM2) only.

@@ -46,12 +46,13 @@ def role_readers(groups: dict[str, dict[str, nn.Linear]]) -> dict[str, nn.Linear
 @torch.no_grad()
 def dense_role_statistics(adapter: ModelAdapter, samples: torch.Tensor,
                           make_statistic: Callable[..., InputStatistic], batch_size: int = 1,
-                          progress: bool = True, desc: str = "dense statistics"
-                          ) -> list[dict[str, InputStatistic]]:
-    """Per decoder layer, one statistic per role's input, from a dense pass over the calibration."""
+                          progress: bool = True, desc: str = "dense statistics",
+                          roles: Sequence[str] = ROLES) -> list[dict[str, InputStatistic]]:
+    """Per decoder layer, one statistic per role's input, from a dense pass over the calibration
+    (each layer run once: the hooked forward's outputs feed the next layer)."""
     per_layer: list[dict[str, InputStatistic]] = []
     for step in layer_pass(adapter, samples, batch_size, "dense", progress, desc):
-        readers = role_readers(role_linears(adapter, step.layer))
+        readers = role_readers(role_linears(adapter, step.layer, roles))
         with collect_linear_inputs(readers, make_statistic) as stats:
             step.forward()
         per_layer.append(stats)

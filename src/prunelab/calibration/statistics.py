@@ -73,6 +73,50 @@ class Hessian:
         self.value += x.T @ x  # [in, in]
 
 
+FLUCTUATION_KINDS = ("fluctuation", "squared_norm")
+
+
+class BaselineFluctuation:
+    """FLAP's input statistics (An et al. 2024; FLAP `lib/layerwrapper.py`, `BiasGPT`), per sample.
+
+    Per input channel j: the running mean of x_j over tokens and samples (the baseline, whose
+    removed channels give the compensation bias) and either its fluctuation (`kind="fluctuation"`,
+    the IFV/WIFV metrics: a running sample variance over samples of sum_t (x_tj - mean_j)^2 / n)
+    or its mean squared norm (`kind="squared_norm"`, WIFN). Updated one calibration sequence at a
+    time in the reference's arithmetic, so that the metric matches it bit for bit:
+    - the reference's Welford step reads the old mean after it was updated in place (both names
+      hold one tensor), so the fluctuation measures deviations from the new mean twice;
+    - the first sequence only seeds the mean (its fluctuation is set to 0);
+    - the mean's increment is computed in the input's dtype, the rest in float32.
+    """
+
+    def __init__(self, in_features: int, device: torch.device | None = None, kind: str = "fluctuation"):
+        if kind not in FLUCTUATION_KINDS:
+            raise ValueError(f"kind={kind!r} is not one of {FLUCTUATION_KINDS}")
+        self.kind = kind
+        self.baseline = torch.zeros(in_features, dtype=torch.float32, device=device)  # [in]
+        self.value = torch.zeros(in_features, dtype=torch.float32, device=device)  # [in]
+        self.num_samples = 0
+
+    def update(self, x: torch.Tensor, num_samples: int) -> None:
+        for sample in x.reshape(num_samples, -1, x.shape[-1]):  # [tokens of one sequence, in]
+            self._update_one(sample.t())
+
+    def _update_one(self, inp: torch.Tensor) -> None:
+        """inp: [in, tokens] (a transposed view, as the reference holds it)."""
+        n = self.num_samples
+        self.baseline *= n / (n + 1)
+        self.baseline += torch.mean(inp, dim=1) / (n + 1)  # [in]; the old mean is gone (the quirk)
+        if self.kind == "squared_norm":
+            self.value *= n / (n + 1)
+            self.value += torch.norm(inp.type(torch.float32), p=2, dim=1) ** 2 / (n + 1)  # [in]
+        elif n > 0:
+            self.value *= (n - 1) / n
+            centred = inp - self.baseline.unsqueeze(1)  # [in, tokens]
+            self.value += torch.sum(centred * centred, dim=1) / (n + 1)  # [in]
+        self.num_samples = n + 1
+
+
 class AbsHistogram:
     """Counts of |x| over log-spaced bins, for percentiles of activation magnitudes that do not
     need every activation in memory (PALS). Relative resolution: a factor (high/low)^(1/bins) per

@@ -189,7 +189,8 @@ class ModelAdapter:
         """Delete decoder layers in place; the model then saves and reloads with fewer layers.
 
         Renumbers each attention's `layer_idx` (the KV cache indexes by it) and shortens
-        per-layer config lists such as Qwen's `layer_types`. Returns the sorted removed indices.
+        per-layer config lists such as Qwen's `layer_types` and a width-pruned model's
+        `prunelab_layer_shapes`. Returns the sorted removed indices.
         """
         drop = sorted(set(int(i) for i in indices))
         n = self.num_layers
@@ -204,7 +205,8 @@ class ModelAdapter:
                 if hasattr(module, "layer_idx"):
                     module.layer_idx = new_index
         self.config.num_hidden_layers = len(keep)
-        layer_types = getattr(self.config, "layer_types", None)
-        if isinstance(layer_types, list) and len(layer_types) == n:
-            self.config.layer_types = [layer_types[i] for i in keep]
+        for key in ("layer_types", "prunelab_layer_shapes"):  # per-layer lists (models.width's shapes)
+            values = getattr(self.config, key, None)
+            if isinstance(values, list) and len(values) == n:
+                setattr(self.config, key, [values[i] for i in keep])
         return drop

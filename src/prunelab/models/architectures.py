@@ -28,6 +28,7 @@ class Architecture:
     mlp_norm: str
     rotary: str | None = None  # model-level rotary embedding, when shared across layers
     parallel_residual: bool = False  # attention and MLP both read the layer input (GPT-NeoX)
+    width_resizable: bool = False  # separate q/k/v rows per (kv) head and gate/up/down channels (models.width)
 
 
 _LLAMA_LIKE = dict(
@@ -42,6 +43,7 @@ _LLAMA_LIKE = dict(
     attn_norm="input_layernorm",
     mlp_norm="post_attention_layernorm",
     rotary="model.rotary_emb",
+    width_resizable=True,
 )
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -69,7 +71,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         layers="model.decoder.layers",
         embeddings=("model.decoder.embed_tokens", "model.decoder.embed_positions"),
         final_norm="model.decoder.final_layer_norm",
-            attention="self_attn",
+        attention="self_attn",
         attn_in=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
         attn_out="self_attn.out_proj",
         mlp_in=("fc1",),

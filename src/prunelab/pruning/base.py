@@ -8,6 +8,9 @@
   inside `prune`.
 - Layer removal (depth pruning): `score(ctx)` rates the dense model's layers (SLEB also searches
   its removal order there); `prune` selects the layers and removes them.
+- Width pruning (FLAP, Wanda-sp, magnitude-sp) has the same shape: `score(ctx)` takes FLAP's dense
+  statistics (Wanda-sp and magnitude-sp only plan the per-layer counts: their scores depend on the
+  pruned earlier layers); `prune` cuts heads and channels out of the modules.
 
 The context read and the report returned are `prunelab.context.PruneContext` and `PruneReport`.
 """

@@ -64,3 +64,8 @@ def parameter_counts(adapter: ModelAdapter) -> dict[str, int]:
         total += sum(p.numel() for p in layer.parameters())
         nonzero += sum(int(torch.count_nonzero(p)) for p in layer.parameters())
     return {"total": total, "nonzero": nonzero, "decoder_layers": adapter.num_layers}
+
+
+def layer_parameters(adapter: ModelAdapter) -> list[int]:
+    """Parameters of each decoder layer (weights, biases and norms), from their shapes."""
+    return [sum(p.numel() for p in layer.parameters()) for _, layer in adapter.layers_in_memory()]

@@ -1,0 +1,284 @@
+"""Benchmark: prunelab's FLAP, Wanda-sp and magnitude-sp against the official FLAP code.
+
+The official code (CASIA-IVA-Lab/FLAP `lib/prune.py`: prune_flap, prune_wanda_sp,
+prune_magnitude_sp) is multi-head only and written for CUDA, float16 and transformers 4. It runs
+here from a temporary copy of `lib/prune.py` and `lib/layerwrapper.py` (read from the fetched
+mirror with `git show`, never edited) with these shims, all outside its files:
+- `lib.data.get_loaders` is a stub module returning prunelab's calibration token ids;
+- `torch.cuda.empty_cache` is a no-op and `Tensor.cuda` the identity (CPU build);
+- each decoder layer gets a forward pre-hook computing `position_embeddings` from the model's
+  rotary embedding (transformers 5 layers need it; the official loop passes position ids only),
+  and each attention a `num_heads` attribute (its own modeling file had one);
+- the head size 128 it hard-codes (`reshape(-1, 128)`, `repeat_interleave(128)`) is replaced by the
+  model's head size: `Tensor.reshape` and `Tensor.repeat_interleave` called from `lib/prune.py`
+  itself (and from nowhere else) see 64 for 128;
+- as its `get_llm`, a zero bias is added to o_proj and down_proj of every layer, and
+  `model.seqlen = 128` (its main.py).
+Both sides run on SmolLM2-135M's exact multi-head rewrite (`models.width.to_multi_head`: each
+key/value head repeated for its 3 query heads, identical logits), in float16 as the official run
+(its compensation bias multiplies float16 means by the weights and fails on a float32 model), on
+the CPU, with the same realtext calibration token ids (seqlen 128, the official `main.py`'s),
+prunelab with its defaults for `pruning=flap`, `wanda_sp`, `magnitude_sp` at ratio 0.2 (the
+official published setting: WIFV, AL-AM, bias). The kept heads and channels are read back from
+the pruned weights (each kept row of q_proj and gate_proj matched to its dense row), and the
+largest |difference| of every pruned weight and bias is reported.
+
+    python experiments/benchmarks/faithful_width.py --flap-repo /path/to/FLAP/git  # ~15 min, 2 threads
+    python experiments/benchmarks/faithful_width.py --render-only
+
+The CI counterpart (an independent oracle on the first layers) is tests/test_faithful_width.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
+
+from oracles.compare import load_smollm2, realtext_calibration  # noqa: E402
+
+import prunelab  # noqa: E402
+from prunelab.models.adapter import ModelAdapter  # noqa: E402
+from prunelab.models.width import to_multi_head  # noqa: E402
+
+OFFICIAL_FILES = ("lib/prune.py", "lib/layerwrapper.py")
+METHODS = {"flap": "flap", "wanda_sp": "wanda_sp", "magnitude_sp": "mag_sp"}  # prunelab -> official
+COLUMNS = {"method": "method", "official": "official", "ratio": "ratio", "heads_kept": "heads kept",
+           "channels_kept": "channels kept", "differing_heads": "differing heads",
+           "differing_channels": "differing channels", "max_abs_dW": "max abs dW",
+           "max_abs_dbias": "max abs dbias", "max_abs_bias": "max abs bias", "params_removed": "params removed",
+           "seconds_prunelab": "prunelab s", "seconds_official": "official s"}
+
+
+def official_copy(repo: Path, into: Path) -> Path:
+    """The official files, as committed, in a temporary folder (the package `lib`)."""
+    (into / "lib").mkdir(parents=True)
+    for name in OFFICIAL_FILES:
+        text = subprocess.run(["git", "--git-dir", str(repo), "show", f"HEAD:{name}"], check=True,
+                              capture_output=True, text=True).stdout
+        (into / name).write_text(text)
+    return into
+
+
+@contextmanager
+def official_shims(model, token_ids: torch.Tensor, head_dim: int, prune_file: str):
+    """Everything the official code needs on a CPU with transformers 5 (see the module doc)."""
+    data = types.ModuleType("lib.data")
+    data.get_loaders = lambda *a, **k: ([(token_ids[i:i + 1], None) for i in range(token_ids.shape[0])], None)
+    sys.modules["lib.data"] = data
+    rotary = model.model.rotary_emb
+
+    def add_position_embeddings(_layer, args, kwargs):
+        if kwargs.get("position_embeddings") is None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            kwargs["position_embeddings"] = rotary(hidden, kwargs["position_ids"])
+        return args, kwargs
+
+    handles = [layer.register_forward_pre_hook(add_position_embeddings, with_kwargs=True)
+               for layer in model.model.layers]
+    for layer in model.model.layers:
+        layer.self_attn.num_heads = layer.self_attn.q_proj.out_features // head_dim
+    saved = torch.cuda.empty_cache, torch.Tensor.cuda, torch.Tensor.reshape, torch.Tensor.repeat_interleave
+    reshape, repeat = saved[2], saved[3]
+
+    def from_official() -> bool:
+        return sys._getframe(2).f_code.co_filename == prune_file
+
+    def head_size_reshape(self, *shape):
+        if from_official() and shape and shape[-1] == 128:
+            shape = (*shape[:-1], head_dim)
+        return reshape(self, *shape)
+
+    def head_size_repeat(self, repeats, *args, **kwargs):
+        if from_official() and repeats == 128:
+            repeats = head_dim
+        return repeat(self, repeats, *args, **kwargs)
+
+    torch.cuda.empty_cache = lambda: None
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.Tensor.reshape = head_size_reshape
+    torch.Tensor.repeat_interleave = head_size_repeat
+    try:
+        yield
+    finally:
+        torch.cuda.empty_cache, torch.Tensor.cuda, torch.Tensor.reshape, torch.Tensor.repeat_interleave = saved
+        for handle in handles:
+            handle.remove()
+        sys.modules.pop("lib.data", None)
+
+
+def run_official(copy_dir: Path, method: str, model, tokenizer, token_ids: torch.Tensor, ratio: float,
+                 head_dim: int) -> None:
+    """The official pruning function on `model` (pruned in place), its published arguments."""
+    for layer in model.model.layers:  # main.py's get_llm: a zero bias on o_proj and down_proj
+        for linear in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            linear.bias = torch.nn.Parameter(torch.zeros(linear.out_features, dtype=linear.weight.dtype))
+    model.seqlen = token_ids.shape[1]
+    sys.path.insert(0, str(copy_dir))
+    try:
+        with official_shims(model, token_ids, head_dim, str(copy_dir / "lib" / "prune.py")):
+            from lib import prune as official  # noqa: PLC0415  (imported inside the shims: its lib.data)
+
+            args = types.SimpleNamespace(nsamples=token_ids.shape[0], seed=0, pruning_ratio=ratio,
+                                         remove_heads=-1, metrics="WIFV", structure="AL-AM", unstr=False)
+            function = {"flap": official.prune_flap, "wanda_sp": official.prune_wanda_sp,
+                        "mag_sp": official.prune_magnitude_sp}[method]
+            function(args, model, tokenizer, torch.device("cpu"))
+    finally:
+        sys.path.remove(str(copy_dir))
+        for name in [n for n in sys.modules if n == "lib" or n.startswith("lib.")]:
+            del sys.modules[name]
+
+
+def kept_rows(pruned: torch.Tensor, dense: torch.Tensor) -> list[int]:
+    """Index in `dense` ([n, C]) of each row of `pruned` ([k, C]), matched exactly."""
+    where = {row.numpy().tobytes(): i for i, row in enumerate(dense)}
+    return [where[row.numpy().tobytes()] for row in pruned]
+
+
+def kept_units(model, dense, head_dim: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Per layer, the kept heads (from q_proj's rows) and channels (from gate_proj's)."""
+    heads, channels = [], []
+    for layer, dense_layer in zip(model.model.layers, dense.model.layers):
+        rows = kept_rows(layer.self_attn.q_proj.weight.data, dense_layer.self_attn.q_proj.weight.data)
+        heads.append(sorted({r // head_dim for r in rows}))
+        channels.append(kept_rows(layer.mlp.gate_proj.weight.data, dense_layer.mlp.gate_proj.weight.data))
+    return heads, channels
+
+
+def largest_differences(ours, official) -> tuple[float, float]:
+    """(max |dW| over every weight, max |dbias| over o_proj/down_proj; a missing bias is zero);
+    inf when shapes differ."""
+    weights = biases = 0.0
+    for a, b in zip(ours.model.layers, official.model.layers):
+        for name, linear in a.named_modules():
+            if not isinstance(linear, torch.nn.Linear):
+                continue
+            other = b.get_submodule(name)
+            if linear.weight.shape != other.weight.shape:
+                return float("inf"), float("inf")
+            weights = max(weights, (linear.weight.float() - other.weight.float()).abs().max().item())
+            mine = linear.bias if linear.bias is not None else torch.zeros(linear.out_features)
+            theirs = other.bias if other.bias is not None else torch.zeros(linear.out_features)
+            biases = max(biases, (mine.float() - theirs.float()).abs().max().item())
+    return weights, biases
+
+
+def largest_bias(model) -> float:
+    """The largest |bias| of o_proj and down_proj (FLAP's compensation; zeros otherwise)."""
+    return max(linear.bias.abs().max().item() for layer in model.model.layers
+               for linear in (layer.self_attn.o_proj, layer.mlp.down_proj) if linear.bias is not None)
+
+
+def differing(ours: list[list[int]], theirs: list[list[int]]) -> int:
+    """Units kept by one side and not the other, summed over layers."""
+    return sum(len(set(a) ^ set(b)) for a, b in zip(ours, theirs))
+
+
+NOTES = """How to read it: the multi-head rewrite has 9 heads in each of 30 layers (270) and 1,536 MLP
+channels in each (46,080). `differing heads` / `differing channels`: units kept by one side only,
+summed over layers. `max abs dW` / `max abs dbias`: the largest difference of any weight or bias
+after pruning (shapes must match first); 0 means bit-identical, so no float tolerance is needed:
+both sides run the same float16 kernels in the same order, and the compensation bias is the
+float16-rounded mean times the float16 weights on both. `max abs bias`: the largest compensation
+bias the official code wrote (FLAP's are non-zero, so the bias comparison is a real one; Wanda-sp
+and magnitude-sp add none: the official side's are the zero biases its `get_llm` adds).
+`params removed`: the fraction of the rewrite's parameters that went, which is not the ratio:
+AL-AM costs a head 170 channels whatever its size (about 24% of the layers' parameters at 0.2 on
+64-dim heads), Wanda-sp and magnitude-sp remove int(0.2 x 9) = 1 head and int(0.2 x 1536) = 307
+channels per layer. Times are CPU float16 on a shared machine, not a speed comparison.
+"""
+
+
+def render(table: pd.DataFrame, header: str) -> str:
+    shown = table[list(COLUMNS)].rename(columns=COLUMNS).copy()
+    for column in ("max abs dW", "max abs dbias", "max abs bias"):
+        shown[column] = shown[column].map(lambda v: f"{v:.3g}")
+    shown["params removed"] = shown["params removed"].map(lambda v: f"{v:.4f}")
+    for column in ("prunelab s", "official s"):
+        shown[column] = shown[column].map(lambda t: f"{t:.0f}")
+    markdown = shown.to_markdown(index=False, disable_numparse=True)
+    return header + "\n\n" + markdown + "\n\n" + NOTES
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--flap-repo", type=Path, default=Path("/work/.mirror/CASIA-IVA-Lab+FLAP/repo"),
+                        help="git directory of CASIA-IVA-Lab/FLAP")
+    parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument("--nsamples", type=int, default=16)
+    parser.add_argument("--seqlen", type=int, default=128)
+    parser.add_argument("--ratio", type=float, default=0.2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
+                        help="re-measure these methods; the other methods' rows are kept from the CSV")
+    parser.add_argument("--render-only", action="store_true", help="rewrite the markdown from the CSV")
+    args = parser.parse_args()
+    csv, md = args.out / "faithful_width.csv", args.out / "faithful_width.md"
+    if args.render_only:
+        md.write_text(render(pd.read_csv(csv), md.read_text().split("\n\n", 1)[0]))
+        print(md.read_text())
+        return 0
+    torch.set_num_threads(args.threads)
+    loaded = load_smollm2()
+    tokenizer = loaded.tokenizer
+    dense = loaded.model.half().eval()
+    head_dim = dense.model.layers[0].self_attn.head_dim
+    to_multi_head(ModelAdapter(dense))
+    token_ids = realtext_calibration(tokenizer, args.nsamples, args.seqlen, seed=args.seed)
+    commit = subprocess.run(["git", "--git-dir", str(args.flap_repo), "rev-parse", "HEAD"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    header = (f"# prunelab against the official FLAP code ({commit[:7]}): SmolLM2-135M's multi-head "
+              f"rewrite, all {len(dense.model.layers)} layers, realtext calibration {args.nsamples} x "
+              f"{args.seqlen} tokens (seed {args.seed}), ratio {args.ratio}; float16, CPU "
+              f"({platform.processor() or platform.machine()}), torch {torch.__version__}, {args.threads} thread(s)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    kept = pd.read_csv(csv) if csv.exists() and set(args.methods) != set(METHODS) else None
+    rows = kept[~kept["method"].isin(args.methods)].to_dict("records") if kept is not None else []
+    with tempfile.TemporaryDirectory(prefix="flap-official-") as tmp:
+        copy_dir = official_copy(args.flap_repo, Path(tmp))
+        for method in args.methods:
+            ours = copy.deepcopy(dense)
+            start = time.perf_counter()
+            report = prunelab.prune(ours, tokenizer, method=method, calibration=token_ids, ratio=args.ratio,
+                                    progress=False)
+            seconds_ours = time.perf_counter() - start
+            theirs = copy.deepcopy(dense)
+            start = time.perf_counter()
+            run_official(copy_dir, METHODS[method], theirs, tokenizer, token_ids, args.ratio, head_dim)
+            seconds_theirs = time.perf_counter() - start
+            heads, channels = kept_units(ours, dense, head_dim)
+            their_heads, their_channels = kept_units(theirs, dense, head_dim)
+            dw, db = largest_differences(ours, theirs)
+            rows.append({"method": method, "official": METHODS[method], "ratio": args.ratio,
+                         "heads_kept": sum(map(len, heads)), "channels_kept": sum(map(len, channels)),
+                         "differing_heads": differing(heads, their_heads),
+                         "differing_channels": differing(channels, their_channels),
+                         "max_abs_dW": dw, "max_abs_dbias": db, "max_abs_bias": largest_bias(theirs),
+                         "params_removed": report["pruning"]["width"]["params_removed"],
+                         "seconds_prunelab": seconds_ours, "seconds_official": seconds_theirs})
+            print(rows[-1], flush=True)
+            del ours, theirs
+            order = list(METHODS)  # the table in method order whatever was re-measured
+            table = pd.DataFrame(rows).sort_values("method", key=lambda c: c.map(order.index), kind="stable")
+            table.to_csv(csv, index=False)
+            md.write_text(render(table, header))
+    print(md.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
