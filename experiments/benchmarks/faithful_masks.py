@@ -1,4 +1,4 @@
-"""Benchmark: prunelab's magnitude, Wanda and SparseGPT masks against independent oracles.
+"""Benchmark: prunelab's magnitude, Wanda, SparseGPT and RIA masks against independent oracles.
 
 Over all 30 decoder layers of SmolLM2-135M (fp32, CPU) with 32 x 256 tokens of real text
 (`realtext`, seed 0), each method at 50% unstructured and 2:4 is run by prunelab (its defaults, and
@@ -36,6 +36,7 @@ SETTINGS = {  # prunelab switches per method; {} = the defaults
     "magnitude": [{}, {"ties": "exact", "rounding": "carry"}],  # the old default
     "wanda": [{}, {"norm_arithmetic": "sum_of_squares"}, {"ties": "reference"}],
     "sparsegpt": [{}, {"ties": "exact", "rounding": "carry"}],  # the old default
+    "ria": [{}, {"group": "row", "ties": "exact"}],  # its --per_outneuron
 }
 COLUMNS = {"method": "method", "sparsity": "sparsity", "setting": "setting",
            "differing_entries": "differing entries", "total_entries": "total entries",
