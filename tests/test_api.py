@@ -145,3 +145,32 @@ def test_load_reads_the_packaged_smollm2_option_from_python():
         logits = model(input_ids=ids).logits  # [1, T, vocab]
     assert logits.shape[-1] == model.config.vocab_size and torch.isfinite(logits).all()
     assert tokenizer.decode(logits[0, :-1].argmax(-1)).strip()  # a real model predicts words
+
+
+def test_a_width_pruned_checkpoint_reloads_in_one_call_with_the_same_logits(tiny_model_dirs, tmp_path):
+    """FLAP cuts heads and channels per layer (and adds its compensation biases): the saved config
+    has the dense shapes plus `prunelab_layer_shapes`, which `from_pretrained` alone cannot load."""
+    from functools import partial
+
+    from transformers import AutoModelForCausalLM as Auto
+
+    from prunelab.models.boundary_operators import save_recovered
+    from prunelab.recovery.plain_loading import save_for_plain_loading
+    from prunelab.tracking.saved_model import save_model_folder
+
+    model, tokenizer = prunelab.load(tiny_model_dirs["llama"])
+    dense = sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(0))  # [N, T]
+    prunelab.prune(model, tokenizer, method="flap", calibration=ids, progress=False)
+    pruned = sum(p.numel() for p in model.parameters())
+    assert pruned < dense
+    with torch.no_grad():
+        expected = model(input_ids=ids[:1]).logits  # [1, T, V]
+    folder = save_model_folder(model, tokenizer, tmp_path / "model", partial(save_for_plain_loading, save=save_recovered))
+    with pytest.raises(Exception):  # noqa: B017  (the plain call fails on the cut shapes)
+        Auto.from_pretrained(folder)
+    reloaded, _ = prunelab.load(str(folder))
+    assert sum(p.numel() for p in reloaded.parameters()) == pruned
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids[:1]).logits, expected)
+        reloaded.generate(ids[:1, :4], max_new_tokens=3, do_sample=False)  # the KV cache works

@@ -31,6 +31,7 @@ from prunelab.models.memory import (
 from prunelab.models.identity import identity_digest, weight_file_hashes
 from prunelab.models.spec import ModelSpec
 from prunelab.models.streaming import store_of, streamed_skeleton
+from prunelab.models.width import SHAPES_KEY, apply_layer_shapes
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +169,16 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None,
     if device.type == "cpu" and spec.dtype in ("float16", "bfloat16"):
         log.warning("%s on CPU is very slow on these processors; float32 is recommended", spec.dtype)
     log.info("loading %s (revision %s, %s, %s)", source, revision, spec.dtype, spec.device_map or device)
-    model, info = guarded("the model weights", source, lambda: AutoModelForCausalLM.from_pretrained(
-        source, config=config, dtype=dtype, device_map=spec.device_map, output_loading_info=True,
-        **hub_kwargs))
+    if getattr(config, SHAPES_KEY, None):  # width-pruned: its layers' own shapes, then its weights
+        if spec.device_map is not None:
+            raise ModelCheckError(f"{source} is width-pruned (per-layer shapes): load it with "
+                                  "model.device_map=null")
+        model, info = guarded("the model weights", source, lambda: load_resized(
+            source, config, dtype, architecture, hub_kwargs))
+    else:
+        model, info = guarded("the model weights", source, lambda: AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=dtype, device_map=spec.device_map, output_loading_info=True,
+            **hub_kwargs))
     check_loaded_weights(info, source)
     check_finite(model, source)
     if spec.device_map is None:
@@ -183,12 +191,44 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None,
                        memory=memory_record)
 
 
+def load_resized(source: str, config, dtype, architecture, hub_kwargs: dict) -> tuple[torch.nn.Module, dict]:
+    """A width-pruned checkpoint (`config.prunelab_layer_shapes`, `models.width`): the model built
+    from its config without allocating weights, each layer cut to its stored shape, then the saved
+    tensors assigned. Returns the model and `output_loading_info`'s missing and unexpected keys."""
+    from accelerate import init_empty_weights
+    from safetensors.torch import load_file
+
+    folder = Path(source)
+    if not folder.is_dir():  # a hub id: its files fetched once
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(source, revision=hub_kwargs.get("revision"),
+                                        allow_patterns=["*.json", "*.safetensors"]))
+    with init_empty_weights():  # parameters on meta; buffers (rotary frequencies) computed
+        model = AutoModelForCausalLM.from_config(config, dtype=None if dtype == "auto" else dtype,
+                                                 trust_remote_code=hub_kwargs.get("trust_remote_code", False))
+    apply_layer_shapes(ModelAdapter(model, architecture))
+    state = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    if dtype != "auto":
+        state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+        missing = [name for name in missing if not name.startswith("lm_head.")]
+    return model, {"missing_keys": missing, "unexpected_keys": unexpected}
+
+
 def _load_streamed(spec: ModelSpec, source: str, config, architecture, device: torch.device,
                    memory: MemoryRequest | None, memory_record: dict | None, hub_kwargs: dict,
                    cache_dir) -> LoadedModel:
     if spec.device_map is not None:
         raise ModelCheckError("model.streaming reads one layer at a time onto model.device: "
                               "set model.device_map=null")
+    if getattr(config, SHAPES_KEY, None):
+        raise ModelCheckError(f"{source} is width-pruned (per-layer shapes), which streaming does not "
+                              "read yet: set model.streaming=false")
     if not Path(source).is_dir():  # a hub id: the shards are fetched once, then read from disk
         from huggingface_hub import snapshot_download
 
