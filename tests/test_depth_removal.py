@@ -51,3 +51,29 @@ def test_removing_zero_layers_changes_nothing(tiny_model_dirs):
     report = method.prune(ctx, method.score(ctx))
     assert report.removed_layers == [] and loaded.adapter.num_layers == 4
     assert torch.equal(logits(loaded.model, ids()), before)
+
+
+@pytest.mark.parametrize("target", [0.2, 0.45])
+def test_a_parameter_budget_sets_the_number_of_layers_removed(tiny_model_dirs, target):
+    """`params_removed` (the budget width pruning takes) picks the layer count whose removal comes
+    nearest to that fraction of every parameter, embeddings and head included."""
+    loaded = load_model(ModelSpec(name_or_path=str(tiny_model_dirs["llama"]), device="cpu"))
+    dense = parameter_counts(loaded.adapter)["total"]
+    per_layer = sum(p.numel() for p in loaded.adapter.layers[0].parameters())
+    method = DepthPruning(BlockInfluence(), params_removed=target)
+    ctx = PruneContext(loaded, 0, ids, progress=False)
+    report = method.prune(ctx, method.score(ctx))
+    removed = len(report.removed_layers)
+    achieved = 1 - parameter_counts(loaded.adapter)["total"] / dense
+    assert report.details["params_removed"] == pytest.approx(achieved)
+    assert removed == round(target * dense / per_layer)  # nearest, not floored
+    assert abs(achieved - target) <= per_layer / dense / 2 + 1e-9
+    assert method.labels()["params_removed"] == target and method.labels()["layers_removed"] is None
+
+
+@pytest.mark.parametrize("target", [0, 1, 1.5, -0.1])
+def test_a_parameter_budget_outside_zero_one_is_one_line(target):
+    from prunelab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"must be in \(0, 1\)"):
+        DepthPruning(BlockInfluence(), params_removed=target)
