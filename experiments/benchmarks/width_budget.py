@@ -84,8 +84,11 @@ def main() -> int:
               f"{args.threads} thread(s)")
     notes = ("Dense: 30 layers of 3 key/value heads (90) and 1,536 channels (46,080). `params_removed`: "
              "1 - pruned / dense parameters of the whole model (tied embeddings once; FLAP's added biases "
-             "count). At `ratio=0.2` the references' counting applies (FLAP: a key/value group costs "
-             "3 x 170 channels; Wanda-sp and magnitude-sp: int(0.2 x 3) = 0 groups, so only channels go).")
+             "count). At `ratio=0.2` the references' counting applies (FLAP: a key/value group of 3 "
+             "query heads costs int(3 x 512/3) = 512 channels; Wanda-sp and magnitude-sp: int(0.2 x 3) = 0 "
+             "groups, so only channels go). Magnitude-sp's perplexities are not a bug of the cut (Wanda-sp "
+             "removes as many channels at 44): ranking channels by their down_proj column norms alone "
+             "removes channels SmolLM2 needs.")
     text = header + "\n\n" + shown.to_markdown(index=False, disable_numparse=True) + "\n\n" + notes + "\n"
     (args.out / "width_budget.md").write_text(text)
     print(text)
