@@ -49,6 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `o
 
 from oracles.compare import load_smollm2, realtext_calibration  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from official_code import cpu_shims, importable, official_copy  # noqa: E402
+
 import prunelab  # noqa: E402
 from prunelab.models.adapter import ModelAdapter  # noqa: E402
 from prunelab.models.width import to_multi_head  # noqa: E402
@@ -62,36 +65,14 @@ COLUMNS = {"method": "method", "official": "official", "ratio": "ratio", "heads_
            "seconds_prunelab": "prunelab s", "seconds_official": "official s"}
 
 
-def official_copy(repo: Path, into: Path) -> Path:
-    """The official files, as committed, in a temporary folder (the package `lib`)."""
-    (into / "lib").mkdir(parents=True)
-    for name in OFFICIAL_FILES:
-        text = subprocess.run(["git", "--git-dir", str(repo), "show", f"HEAD:{name}"], check=True,
-                              capture_output=True, text=True).stdout
-        (into / name).write_text(text)
-    return into
-
-
 @contextmanager
-def official_shims(model, token_ids: torch.Tensor, head_dim: int, prune_file: str):
-    """Everything the official code needs on a CPU with transformers 5 (see the module doc)."""
-    data = types.ModuleType("lib.data")
-    data.get_loaders = lambda *a, **k: ([(token_ids[i:i + 1], None) for i in range(token_ids.shape[0])], None)
-    sys.modules["lib.data"] = data
-    rotary = model.model.rotary_emb
-
-    def add_position_embeddings(_layer, args, kwargs):
-        if kwargs.get("position_embeddings") is None:
-            hidden = args[0] if args else kwargs["hidden_states"]
-            kwargs["position_embeddings"] = rotary(hidden, kwargs["position_ids"])
-        return args, kwargs
-
-    handles = [layer.register_forward_pre_hook(add_position_embeddings, with_kwargs=True)
-               for layer in model.model.layers]
+def flap_shims(model, head_dim: int, prune_file: str):
+    """What FLAP's code needs beyond `official_code.cpu_shims` (see the module doc): each
+    attention's `num_heads`, and the hard-coded head size 128 read as the model's."""
     for layer in model.model.layers:
         layer.self_attn.num_heads = layer.self_attn.q_proj.out_features // head_dim
-    saved = torch.cuda.empty_cache, torch.Tensor.cuda, torch.Tensor.reshape, torch.Tensor.repeat_interleave
-    reshape, repeat = saved[2], saved[3]
+    saved = torch.Tensor.reshape, torch.Tensor.repeat_interleave
+    reshape, repeat = saved
 
     def from_official() -> bool:
         return sys._getframe(2).f_code.co_filename == prune_file
@@ -106,17 +87,12 @@ def official_shims(model, token_ids: torch.Tensor, head_dim: int, prune_file: st
             repeats = head_dim
         return repeat(self, repeats, *args, **kwargs)
 
-    torch.cuda.empty_cache = lambda: None
-    torch.Tensor.cuda = lambda self, *a, **k: self
     torch.Tensor.reshape = head_size_reshape
     torch.Tensor.repeat_interleave = head_size_repeat
     try:
         yield
     finally:
-        torch.cuda.empty_cache, torch.Tensor.cuda, torch.Tensor.reshape, torch.Tensor.repeat_interleave = saved
-        for handle in handles:
-            handle.remove()
-        sys.modules.pop("lib.data", None)
+        torch.Tensor.reshape, torch.Tensor.repeat_interleave = saved
 
 
 def run_official(copy_dir: Path, method: str, model, tokenizer, token_ids: torch.Tensor, ratio: float,
@@ -125,21 +101,15 @@ def run_official(copy_dir: Path, method: str, model, tokenizer, token_ids: torch
     for layer in model.model.layers:  # main.py's get_llm: a zero bias on o_proj and down_proj
         for linear in (layer.self_attn.o_proj, layer.mlp.down_proj):
             linear.bias = torch.nn.Parameter(torch.zeros(linear.out_features, dtype=linear.weight.dtype))
-    model.seqlen = token_ids.shape[1]
-    sys.path.insert(0, str(copy_dir))
-    try:
-        with official_shims(model, token_ids, head_dim, str(copy_dir / "lib" / "prune.py")):
-            from lib import prune as official  # noqa: PLC0415  (imported inside the shims: its lib.data)
+    with importable(copy_dir), cpu_shims(model, token_ids), \
+            flap_shims(model, head_dim, str(copy_dir / "lib" / "prune.py")):
+        from lib import prune as official  # noqa: PLC0415  (imported inside the shims: its lib.data)
 
-            args = types.SimpleNamespace(nsamples=token_ids.shape[0], seed=0, pruning_ratio=ratio,
-                                         remove_heads=-1, metrics="WIFV", structure="AL-AM", unstr=False)
-            function = {"flap": official.prune_flap, "wanda_sp": official.prune_wanda_sp,
-                        "mag_sp": official.prune_magnitude_sp}[method]
-            function(args, model, tokenizer, torch.device("cpu"))
-    finally:
-        sys.path.remove(str(copy_dir))
-        for name in [n for n in sys.modules if n == "lib" or n.startswith("lib.")]:
-            del sys.modules[name]
+        args = types.SimpleNamespace(nsamples=token_ids.shape[0], seed=0, pruning_ratio=ratio,
+                                     remove_heads=-1, metrics="WIFV", structure="AL-AM", unstr=False)
+        function = {"flap": official.prune_flap, "wanda_sp": official.prune_wanda_sp,
+                    "mag_sp": official.prune_magnitude_sp}[method]
+        function(args, model, tokenizer, torch.device("cpu"))
 
 
 def kept_rows(pruned: torch.Tensor, dense: torch.Tensor) -> list[int]:
@@ -249,7 +219,7 @@ def main() -> int:
     kept = pd.read_csv(csv) if csv.exists() and set(args.methods) != set(METHODS) else None
     rows = kept[~kept["method"].isin(args.methods)].to_dict("records") if kept is not None else []
     with tempfile.TemporaryDirectory(prefix="flap-official-") as tmp:
-        copy_dir = official_copy(args.flap_repo, Path(tmp))
+        copy_dir = official_copy(args.flap_repo, OFFICIAL_FILES, Path(tmp))
         for method in args.methods:
             ours = copy.deepcopy(dense)
             start = time.perf_counter()
