@@ -31,6 +31,7 @@ from prunelab.models.memory import (
 from prunelab.models.identity import identity_digest, weight_file_hashes
 from prunelab.models.spec import ModelSpec
 from prunelab.models.streaming import store_of, streamed_skeleton
+from prunelab.models.slicing import SLICING_KEY, apply_slicing
 from prunelab.models.width import SHAPES_KEY, apply_layer_shapes
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None,
     if device.type == "cpu" and spec.dtype in ("float16", "bfloat16"):
         log.warning("%s on CPU is very slow on these processors; float32 is recommended", spec.dtype)
     log.info("loading %s (revision %s, %s, %s)", source, revision, spec.dtype, spec.device_map or device)
-    if getattr(config, SHAPES_KEY, None):  # width-pruned: its layers' own shapes, then its weights
+    if getattr(config, SHAPES_KEY, None) or getattr(config, SLICING_KEY, None):  # width-pruned or sliced
         if spec.device_map is not None:
             raise ModelCheckError(f"{source} is width-pruned (per-layer shapes): load it with "
                                   "model.device_map=null")
@@ -192,8 +193,9 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None,
 
 
 def load_resized(source: str, config, dtype, architecture, hub_kwargs: dict) -> tuple[torch.nn.Module, dict]:
-    """A width-pruned checkpoint (`config.prunelab_layer_shapes`, `models.width`): the model built
-    from its config without allocating weights, each layer cut to its stored shape, then the saved
+    """A width-pruned checkpoint (`config.prunelab_layer_shapes`, `models.width`, or SliceGPT's
+    `config.prunelab_slicing`, `models.slicing`): the model built from its config without
+    allocating weights, each layer cut to its stored shape (or sliced and given its shortcuts), then the saved
     tensors assigned. Returns the model and `output_loading_info`'s missing and unexpected keys."""
     from accelerate import init_empty_weights
     from safetensors.torch import load_file
@@ -208,6 +210,7 @@ def load_resized(source: str, config, dtype, architecture, hub_kwargs: dict) -> 
         model = AutoModelForCausalLM.from_config(config, dtype=None if dtype == "auto" else dtype,
                                                  trust_remote_code=hub_kwargs.get("trust_remote_code", False))
     apply_layer_shapes(ModelAdapter(model, architecture))
+    apply_slicing(ModelAdapter(model, architecture))
     state = {}
     for file in sorted(folder.glob("*.safetensors")):
         state.update(load_file(str(file)))
@@ -226,7 +229,7 @@ def _load_streamed(spec: ModelSpec, source: str, config, architecture, device: t
     if spec.device_map is not None:
         raise ModelCheckError("model.streaming reads one layer at a time onto model.device: "
                               "set model.device_map=null")
-    if getattr(config, SHAPES_KEY, None):
+    if getattr(config, SHAPES_KEY, None) or getattr(config, SLICING_KEY, None):
         raise ModelCheckError(f"{source} is width-pruned (per-layer shapes), which streaming does not "
                               "read yet: set model.streaming=false")
     if not Path(source).is_dir():  # a hub id: the shards are fetched once, then read from disk
