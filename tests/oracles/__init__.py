@@ -13,7 +13,9 @@ shares none of its code can be compared mask entry by mask entry:
 - `sparsegpt_oracle`: the OBS solver with the adaptive 128-column mask (Frantar & Alistarh,
   "SparseGPT: Massive Language Models Can Be Accurately Pruned in One-Shot", 2023);
 - `ria_oracle`: relative importance times activation ** a, one threshold per matrix, and the
-  heuristic channel reallocation for N:M (Zhang et al., "Plug-and-Play", ICLR 2024).
+  heuristic channel reallocation for N:M (Zhang et al., "Plug-and-Play", ICLR 2024);
+- `dsnot_oracle`: DSnoT's prune-and-grow refinement of the Wanda mask, row by row (Zhang et al.,
+  "Dynamic Sparse No Training", ICLR 2024).
 
 Nothing in these modules imports prunelab (`tests/test_faithful_references.py` checks it); they
 know Llama's attribute paths and nothing else, so they serve Llama-family models (SmolLM2) only.
@@ -21,6 +23,7 @@ The comparison with prunelab lives apart, in `oracles.compare`, which is the one
 imports prunelab.
 """
 
+from oracles.dsnot import dsnot_oracle
 from oracles.llama_layers import capture_layer0_inputs, decoder_linears, run_layer
 from oracles.magnitude import magnitude_oracle
 from oracles.ria import ria_oracle
@@ -28,7 +31,7 @@ from oracles.sparsegpt import sparsegpt_oracle
 from oracles.wanda import wanda_oracle
 
 ORACLES = {"magnitude": magnitude_oracle, "wanda": wanda_oracle, "sparsegpt": sparsegpt_oracle,
-           "ria": ria_oracle}
+           "ria": ria_oracle, "dsnot": dsnot_oracle}
 
-__all__ = ["ORACLES", "capture_layer0_inputs", "decoder_linears", "magnitude_oracle", "run_layer",
+__all__ = ["ORACLES", "capture_layer0_inputs", "decoder_linears", "dsnot_oracle", "magnitude_oracle", "run_layer",
            "ria_oracle", "sparsegpt_oracle", "wanda_oracle"]
