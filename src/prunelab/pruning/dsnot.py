@@ -49,15 +49,18 @@ from prunelab.scoring.weights import wanda_scores
 SKIPS = {"none": (), "mlp": ("mlp_in", "mlp_out"), "attention": ("attn_in", "attn_out")}
 
 
-def sign_split_order(values: torch.Tensor) -> torch.Tensor:
-    """Positions of each row: the negative values in position order, then the positive ones in
-    reverse position order; a zero value gives position 0 (the reference's `return_reorder_indice`,
-    quirk included). values: [out, n] -> [out, n] (int64)."""
+def sign_split_order(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Positions of each row's first `lengths` values: the negative ones in position order, then
+    the positive ones in reverse position order, a zero value giving position 0 (the reference's
+    `return_reorder_indice`, quirk included); 0 beyond a row's length.
+    values: [out, n] (0 beyond each row's length); lengths: [out, 1] -> [out, n] (int64)."""
     n = values.shape[1]
     positions = torch.arange(n, device=values.device).expand_as(values)  # [out, n]
     negatives = torch.where(values < 0, positions, n).sort(dim=1).values  # [out, n], n = none
     positives = torch.where(values > 0, positions, n).sort(dim=1).values.flip(1)  # [out, n]
-    return negatives.masked_fill(negatives == n, 0) + positives.masked_fill(positives == n, 0)
+    positives = positives.gather(1, (positions + n - lengths).clamp(max=n - 1))  # ends at lengths
+    order = negatives.masked_fill(negatives == n, 0) + positives.masked_fill(positives == n, 0)
+    return order.masked_fill(positions >= lengths, 0)
 
 
 def step_ends(pointers: torch.Tensor, side: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
@@ -91,27 +94,33 @@ def dsnot_refine_mask(weight: torch.Tensor, mask: torch.Tensor, input_sq_norm: t
     # candidates to prune: the kept weights by ascending Wanda score (pruned ones last, effect 0),
     # then negatives (from the front) and positives (from the back) split by sign of their effect
     wanda = wanda_scores(weight, input_sq_norm).masked_fill(mask, float("inf"))  # [out, in]
-    kept_order = torch.sort(wanda, dim=1, stable=True)[1]  # [out, in]
+    kept_order = torch.sort(wanda, dim=1, stable=True)[1]  # [out, in], kept ones first
+    kept = (~mask).sum(dim=1, keepdim=True)  # [out, 1]
     kept_effect = effect.gather(1, kept_order).masked_fill(mask.gather(1, kept_order), 0)  # [out, in]
-    prune_order = kept_order.gather(1, sign_split_order(kept_effect))  # [out, in]
+    prune_order = kept_order.gather(1, sign_split_order(kept_effect, kept))  # [out, in]
 
     steps = torch.tensor([[1, -1]], device=weight.device).expand(out_features, 2)  # [out, 2]
     grow_pointers = torch.tensor([[0, in_features - 1]], device=weight.device).repeat(out_features, 1)
-    prune_pointers = grow_pointers.clone()  # [out, 2]
+    prune_pointers = torch.cat([torch.zeros_like(kept), kept - 1], dim=1)  # [out, 2]
     active = torch.ones_like(error, dtype=torch.bool)  # [out, 1]
     cycles = swaps = 0
     while bool(active.any()) and cycles < max_cycles:
         cycles += 1
-        grow = grow_order.gather(1, step_ends(grow_pointers, (error > 0).long(), steps))  # [out, 1]
-        grow_effect = effect.gather(1, grow)  # [out, 1]
-        prune = prune_order.gather(1, step_ends(prune_pointers, (error < 0).long(), steps))  # [out, 1]
-        prune_effect = effect.gather(1, prune)  # [out, 1]
+        grow_at = step_ends(grow_pointers, (error > 0).long(), steps)  # [out, 1]
+        prune_at = step_ends(prune_pointers, (error < 0).long(), steps)  # [out, 1]
+        # a candidate list run out (narrow rows): the reference fails on the index; the row stops
+        exhausted = (grow_at < 0) | (grow_at >= in_features) | (prune_at < 0) | (prune_at >= kept)  # [out, 1]
+        grow = grow_order.gather(1, grow_at.clamp(0, in_features - 1))  # [out, 1]
+        prune = prune_order.gather(1, prune_at.clamp(0, in_features - 1))  # [out, 1]
+        grow_effect, prune_effect = effect.gather(1, grow), effect.gather(1, prune)  # [out, 1]
         after = error + prune_effect - grow_effect  # [out, 1]
         active = active & (torch.abs(error) > update_threshold)
         if same_sign:
             active = active & (initial_sign == torch.sign(after))
-        mask.scatter_(1, prune, active)
-        mask.scatter_(1, grow, ~active)  # a stopped row re-prunes its grow candidate (reference)
+        active = active & ~exhausted
+        mask.scatter_(1, prune, torch.where(exhausted, mask.gather(1, prune), active))
+        # a stopped row re-prunes its grow candidate (the reference writes "no update" into both)
+        mask.scatter_(1, grow, torch.where(exhausted, mask.gather(1, grow), ~active))
         error += torch.where(active, prune_effect, torch.zeros_like(prune_effect))
         error -= torch.where(active, grow_effect, torch.zeros_like(grow_effect))
         swaps += int(active.sum())
