@@ -20,16 +20,23 @@ The defaults are the reference's README command (`--prune_method DSnoT --initial
 --pow_of_var_regrowing 1`) and main.py's other defaults: `skip: mlp` (its `--skip_layer mlp`: only
 the attention linears are refined, the MLP keeps the base mask), no sign test (its
 `--without_same_sign` is declared `type=bool` and cannot be turned off), candidates to prune ranked
-by the Wanda score whatever the base method. `pruning=wanda pruning/refine=dsnot` against the
-official code over all 30 layers of SmolLM2-135M: results/benchmarks/official_dsnot.md.
-The official `--initial_method magnitude` masks by |W| per row: `pruning=magnitude group=row
-ties=exact`. Its `--initial_method sparsegpt` is degenerate (its wrapper never accumulates the
-Hessian: every column looks dead, the initial mask is the first half of the columns, weights are
-not updated), so SparseGPT + DSnoT exists only here: DSnoT over prunelab's real SparseGPT, the
-refinement computed from the dense weights; a weight it grows gets its dense value back, a weight
-it prunes is zeroed, the others keep SparseGPT's update. Its N:M loop is not provided (one-line
-error). Masks with a varying count per row (magnitude's and RIA's per-matrix threshold, SparseGPT's
-blocks) are refined by the same rule: each row's kept and pruned weights as they are.
+by the Wanda score whatever the base method. Measured against the official code over all 30
+layers of SmolLM2-135M (realtext 32 x 256, seed 0; results/benchmarks/official_dsnot.md):
+`pruning=wanda pruning/refine=dsnot` gives the README command's masks, 0 of 106,168,320 entries
+differing; the official `--initial_method magnitude` masks by |W| per row, and `pruning=magnitude
+group=row ties=exact pruning/refine=dsnot` gives its masks, 0 differing (`refine.skip=none`
+differs, so the comparison can fail). An oracle from the paper checks the first layers in CI
+(tests/oracles/dsnot.py).
+
+Its `--initial_method sparsegpt` is degenerate (its wrapper never accumulates the Hessian: every
+column looks dead, the initial mask is the first half of the columns, weights are not updated), so
+SparseGPT + DSnoT exists only here: DSnoT over prunelab's real SparseGPT, the refinement computed
+from the dense weights; a weight it grows gets its dense value back, a weight it prunes is zeroed,
+the others keep SparseGPT's update. Its N:M loop is not provided (one-line error). Masks with a
+varying count per row (magnitude's and RIA's per-matrix threshold, SparseGPT's blocks) are refined
+by the same rule, each row over its own kept and pruned weights. Beyond the reference: a row whose
+candidate list runs out (fewer kept or pruned weights than cycles; the reference fails on the
+index) stops.
 """
 
 from __future__ import annotations
