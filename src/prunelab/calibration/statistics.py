@@ -106,7 +106,8 @@ class InputMoments:
             self.sq_norm *= self.num_samples / (self.num_samples + 1)
             self.sum_mean *= self.num_samples / (self.num_samples + 1)
             self.num_samples += 1
-            self.sq_norm += (torch.norm(columns, p=2, dim=1) ** 2).to(self.sq_norm.device) / self.num_samples
+            sq_norm = torch.norm(columns, p=2, dim=1) ** 2  # [in]
+            self.sq_norm += sq_norm.to(self.sq_norm.device) / self.num_samples
             self.sum_mean += torch.sum(columns, dim=1).to(self.sum_mean.device) / self.num_samples
 
 

@@ -116,7 +116,8 @@ def dsnot_refine_mask(weight: torch.Tensor, mask: torch.Tensor, input_sq_norm: t
         grow_at = step_ends(grow_pointers, (error > 0).long(), steps)  # [out, 1]
         prune_at = step_ends(prune_pointers, (error < 0).long(), steps)  # [out, 1]
         # a candidate list run out (narrow rows): the reference fails on the index; the row stops
-        exhausted = (grow_at < 0) | (grow_at >= in_features) | (prune_at < 0) | (prune_at >= kept)  # [out, 1]
+        exhausted = ((grow_at < 0) | (grow_at >= in_features)
+                     | (prune_at < 0) | (prune_at >= kept))  # [out, 1]
         grow = grow_order.gather(1, grow_at.clamp(0, in_features - 1))  # [out, 1]
         prune = prune_order.gather(1, prune_at.clamp(0, in_features - 1))  # [out, 1]
         grow_effect, prune_effect = effect.gather(1, grow), effect.gather(1, prune)  # [out, 1]
@@ -145,7 +146,8 @@ class DSnoT:
             raise ConfigError(f"pruning.refine.max_cycles={max_cycles!r} must be a whole number >= 1")
         if isinstance(update_threshold, bool) or not isinstance(update_threshold, (int, float)) \
                 or update_threshold < 0:
-            raise ConfigError(f"pruning.refine.update_threshold={update_threshold!r} must be a number >= 0")
+            raise ConfigError(f"pruning.refine.update_threshold={update_threshold!r} must be a number "
+                              ">= 0")
         if isinstance(pow_of_var, bool) or not isinstance(pow_of_var, (int, float)):
             raise ConfigError(f"pruning.refine.pow_of_var={pow_of_var!r} must be a number")
         if skip not in SKIPS:
@@ -186,7 +188,8 @@ class DSnoT:
             layer = per_layer.setdefault(int(key.split(".")[1]), {"cycles": 0, "swaps": 0})
             layer["cycles"] = max(layer["cycles"], work["cycles"])
             layer["swaps"] += work["swaps"]
-        return {"name": self.name, "max_cycles": self.max_cycles, "update_threshold": self.update_threshold,
+        return {"name": self.name, "max_cycles": self.max_cycles,
+                "update_threshold": self.update_threshold,
                 "pow_of_var": self.pow_of_var, "same_sign": self.same_sign, "skip": self.skip,
                 "per_linear": dict(self.work), "per_layer": per_layer,
                 "swaps": sum(work["swaps"] for work in self.work.values())}
