@@ -111,6 +111,8 @@ def test_a_refinement_needs_a_method_with_an_unstructured_mask():
         with pytest.raises(ConfigError, match="refines a weight mask") as err:
             compose_config([f"pruning={method}", "pruning/refine=dsnot"])
         assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="select it with pruning/refine=dsnot"):
+        compose_config(["pruning=wanda", "pruning.refine=dsnot"])
     with pytest.raises(ConfigError, match="unstructured"):
         Wanda(sparsity_type="2:4", refine=DSnoT())
     for method in ("wanda", "ria", "sparsegpt", "magnitude"):
