@@ -29,10 +29,11 @@ differs, so the comparison can fail). An oracle from the paper checks the first 
 (tests/oracles/dsnot.py).
 
 Its `--initial_method sparsegpt` is degenerate (its wrapper never accumulates the Hessian: every
-column looks dead, the initial mask is the first half of the columns, weights are not updated), so
-SparseGPT + DSnoT exists only here: DSnoT over prunelab's real SparseGPT, the refinement computed
-from the dense weights; a weight it grows gets its dense value back, a weight it prunes is zeroed,
-the others keep SparseGPT's update. Its N:M loop is not provided (one-line error). Masks with a
+column looks dead, the initial mask is the first half of the columns, weights are not updated;
+run on SmolLM2's first two layers, its unrefined MLP zeros are every row's first half and the dense
+model's own zeros), so SparseGPT + DSnoT exists only here: DSnoT over prunelab's real SparseGPT,
+the refinement computed from the dense weights; a weight it grows gets its dense value back, a
+weight it prunes is zeroed, the others keep SparseGPT's update. Its N:M loop is not provided (one-line error). Masks with a
 varying count per row (magnitude's and RIA's per-matrix threshold, SparseGPT's blocks) are refined
 by the same rule, each row over its own kept and pruned weights. Beyond the reference: a row whose
 candidate list runs out (fewer kept or pruned weights than cycles; the reference fails on the
