@@ -15,7 +15,8 @@ the sum over layers as Python adds tensors), the shift's plain mean over layers,
 floor). The squared input norms come from the cached dense pass (`DenseStatistics`), as OWL's do.
 Measured against the official `get_dlp_ratios` over all 30 layers of SmolLM2-135M (realtext 32 x 256,
 seed 0, alpha 0.15, at 50% and at the README's 70%): the same layer sparsities, bit for bit
-(results/benchmarks/official_dlp.md), so Wanda-DLP prunes the same per-row counts.
+(results/benchmarks/official_dlp.md); `pruning=wanda pruning/allocation=dlp` against the README
+command (`--prune_method wanda_dlp --alpha 0.15`) at 70%: 0 of 106,168,320 mask entries differ.
 """
 
 from __future__ import annotations
