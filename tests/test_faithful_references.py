@@ -114,6 +114,26 @@ def compare_with_oracle_run(setup, oracle, **switches):
     return compare(loaded, "ria", token_ids, 0.5, "2:4", switches, oracle=oracle)
 
 
+def test_dsnot_over_wanda_gives_the_references_masks(setup):
+    """`pruning=wanda pruning/refine=dsnot` with its defaults (the official README command) against
+    the DSnoT oracle; the refinement moved the Wanda mask, and refining the MLP too differs."""
+    from oracles.compare import compare_weights
+
+    result = compare_with_oracle(setup, "dsnot", "unstructured")
+    assert result.entries == sum(linear.weight.numel() for linear in setup[0].adapter.prunable_linears().values())
+    assert 0.5 <= result.pruned_fraction_oracle < 0.501
+    assert result.differing == 0, (
+        f"dsnot: {result.differing} of {result.entries} mask entries differ from the oracle "
+        f"(per linear: { {k: v for k, v in result.per_linear.items() if v} })")
+    moved = compare_weights(oracle_for(setup, "dsnot", "unstructured").weights,
+                            oracle_for(setup, "wanda", "unstructured").weights, method="dsnot",
+                            sparsity=0.5, sparsity_type="unstructured", setting="oracles")
+    assert moved.differing > 0  # layer 0's MLP keeps Wanda's mask (later MLPs see other inputs)
+    assert not any(k.startswith("layers.0.mlp") for k, v in moved.per_linear.items() if v)
+    refined_mlp = compare_with_oracle(setup, "dsnot", "unstructured", skip="none")
+    assert refined_mlp.differing > 0  # the comparison can fail
+
+
 def test_the_oracles_import_nothing_from_prunelab():
     folder = Path(__file__).parent / "oracles"
     for path in sorted(folder.glob("*.py")):

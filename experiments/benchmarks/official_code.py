@@ -16,6 +16,8 @@ outside, never by editing them:
 
 from __future__ import annotations
 
+import argparse
+import platform
 import subprocess
 import sys
 import types
@@ -93,3 +95,37 @@ def importable(folder: Path) -> Iterator[None]:
         yield
     finally:
         sys.path.remove(str(folder))
+
+
+def comparison_parser(description: str, repo_option: str) -> argparse.ArgumentParser:
+    """The options every official-code comparison takes: the fetched repository's git dir, where the
+    table goes, the calibration size, torch threads, and rendering the committed csv only."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(repo_option, type=Path, help="git dir of the fetched official repository")
+    parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument("--nsamples", type=int, default=32)
+    parser.add_argument("--seqlen", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--render-only", action="store_true")
+    return parser
+
+
+def comparison_header(what: str, args: argparse.Namespace, setting: str = "") -> str:
+    """The table's title: what is compared, on which calibration, machine and torch."""
+    return (f"{what}: SmolLM2-135M, all 30 layers, realtext calibration {args.nsamples} x {args.seqlen} "
+            f"tokens (seed 0){setting}; fp32, CPU ({platform.machine()}), torch {torch.__version__}, "
+            f"{args.threads} thread(s)")
+
+
+def render_mask_table(table, columns: dict[str, str], header: str, notes: str,
+                      counts: tuple[str, ...] = ("differing entries", "total entries")) -> str:
+    """A mask comparison's markdown: counts with thousands separators, pruned fractions to 6
+    places, seconds to 1."""
+    shown = table[list(columns)].rename(columns=columns).copy()
+    for column in counts:
+        shown[column] = shown[column].map(lambda n: f"{int(n):,}")
+    for column in ("pruned (prunelab)", "pruned (official)"):
+        shown[column] = shown[column].map(lambda f: f"{f:.6f}")
+    for column in ("prunelab s", "official s"):
+        shown[column] = shown[column].map(lambda s: f"{s:.1f}")
+    return f"# {header}\n\n{shown.to_markdown(index=False)}\n\n{notes}"

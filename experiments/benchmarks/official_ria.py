@@ -16,9 +16,7 @@ tests/test_faithful_references.py.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import platform
 import sys
 import tempfile
 import time
@@ -31,7 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from official_code import cpu_shims, importable, official_copy  # noqa: E402
+from official_code import (  # noqa: E402
+    comparison_header, comparison_parser, cpu_shims, importable, official_copy, render_mask_table,
+)
 from oracles.compare import (  # noqa: E402
     compare_weights, layer_weights, load_smollm2, realtext_calibration, run_prunelab, with_model,
 )
@@ -103,17 +103,6 @@ def measure(repo: Path, settings: list, nsamples: int, seqlen: int) -> pd.DataFr
     return pd.DataFrame(rows)
 
 
-def render(table: pd.DataFrame, header: str) -> str:
-    shown = table[list(COLUMNS)].rename(columns=COLUMNS).copy()
-    for column in ("differing entries", "total entries"):
-        shown[column] = shown[column].map(lambda n: f"{int(n):,}")
-    for column in ("pruned (prunelab)", "pruned (official)"):
-        shown[column] = shown[column].map(lambda f: f"{f:.6f}")
-    for column in ("prunelab s", "official s"):
-        shown[column] = shown[column].map(lambda s: f"{s:.1f}")
-    return f"# {header}\n\n{shown.to_markdown(index=False)}\n\n{NOTES}"
-
-
 NOTES = """How to read it: every linear weight of SmolLM2-135M's 30 decoder layers (106,168,320 entries)
 is compared; `differing entries` counts those pruned by one side only. The official run is the
 repository's own `prune_ria`, unedited (shims only: `experiments/benchmarks/official_code.py`),
@@ -125,24 +114,16 @@ stored weights, as prunelab does).
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ria-repo", type=Path, help="git dir of the fetched official repository")
-    parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
-    parser.add_argument("--nsamples", type=int, default=32)
-    parser.add_argument("--seqlen", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = comparison_parser(__doc__.splitlines()[0], "--ria-repo")
     parser.add_argument("--quick", action="store_true", help="skip the full (unblocked) assignment")
-    parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args()
     csv = args.out / "official_ria.csv"
-    header = (f"prunelab's RIA against the official code: SmolLM2-135M, all 30 layers, realtext "
-              f"calibration {args.nsamples} x {args.seqlen} tokens (seed 0); fp32, CPU "
-              f"({platform.machine()}), torch {torch.__version__}, {args.threads} thread(s)")
+    header = comparison_header("prunelab's RIA against the official code", args)
     if not args.render_only:
         torch.set_num_threads(args.threads)
         settings = SETTINGS[:-1] if args.quick else SETTINGS
         measure(args.ria_repo, settings, args.nsamples, args.seqlen).to_csv(csv, index=False)
-    (args.out / "official_ria.md").write_text(render(pd.read_csv(csv), header))
+    (args.out / "official_ria.md").write_text(render_mask_table(pd.read_csv(csv), COLUMNS, header, NOTES))
     print((args.out / "official_ria.md").read_text())
 
 

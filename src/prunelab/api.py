@@ -79,7 +79,8 @@ def _record_failed_setup(cfg: DictConfig, err: Exception) -> None:
 
 def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: float | None = None,
           calibration: torch.Tensor | Sequence[str] | str | None = None, *,
-          allocation: str | None = None, scorer: str | None = None, recovery: str | None = None,
+          allocation: str | None = None, refine: str | None = None, scorer: str | None = None,
+          recovery: str | None = None,
           num_layers: int | None = None, nsamples: int | None = None, seqlen: int | None = None,
           seed: int = 0, batch_size: int = 1, progress: bool = True,
           cache_dir: str | Path | None = None, overrides: Sequence[str] = (),
@@ -99,6 +100,8 @@ def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: fl
             random windows of `seqlen` tokens with `seed`); or a `data=` option name (testbed,
             realtext, c4, wikitext2). Data-free methods (magnitude) need none.
         allocation: a `pruning/allocation=` option (uniform, owl, pals, gradient, random, alpha).
+        refine: a `pruning/refine=` option (dsnot) refining the method's mask (wanda, ria,
+            sparsegpt, magnitude).
         scorer, num_layers: for method="depth", a `pruning/scorer=` option and how many layers go.
         recovery: a `recovery=` option after depth pruning (linear_patch_r, replaceme, ghosted).
         nsamples, seqlen: calibration size: for a data option its YAML's default when None, for
@@ -116,6 +119,7 @@ def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: fl
 
     groups = [f"pruning={method}"]
     groups += [f"pruning/allocation={allocation}"] if allocation else []
+    groups += [f"pruning/refine={refine}"] if refine else []
     groups += [f"pruning/scorer={scorer}"] if scorer else []
     groups += [f"recovery={recovery}"] if recovery else []
     data_option = calibration if isinstance(calibration, str) else None

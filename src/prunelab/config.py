@@ -132,6 +132,11 @@ def composition_message(err: Exception, overrides: list[str]) -> str:
     """Hydra's error in one line; a misspelled key gets the close keys of its node suggested."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()][:2]
     message = " ".join(lines) or type(err).__name__
+    if "Could not override 'pruning.refine'" in message:
+        return "pruning.refine is a config group: select it with pruning/refine=dsnot"
+    if "Could not override 'pruning/refine'" in message:
+        return ("pruning/refine refines a weight mask: use it with pruning=wanda, ria, sparsegpt or "
+                "magnitude (the chosen method produces no mask to refine)")
     match = re.search(r"Could not override '([^']+)'|Key '([^']+)' is not in struct", message)
     key = next((o.split("=", 1)[0].lstrip("+~") for o in overrides
                 if match and o.split("=", 1)[0].lstrip("+~") in (match.group(1), match.group(2))), None)

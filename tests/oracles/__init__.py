@@ -16,7 +16,9 @@ shares none of its code can be compared mask entry by mask entry:
   heuristic channel reallocation for N:M (Zhang et al., "Plug-and-Play", ICLR 2024);
 - `oracles.flap`: FLAP's fluctuation metric, adaptive structure and bias, and its Wanda-sp and
   magnitude-sp baselines, cutting heads and channels out of a multi-head Llama (An et al.,
-  "Fluctuation-based Adaptive Structured Pruning for Large Language Models", AAAI 2024).
+  "Fluctuation-based Adaptive Structured Pruning for Large Language Models", AAAI 2024);
+- `dsnot_oracle`: DSnoT's prune-and-grow refinement of the Wanda mask, row by row (Zhang et al.,
+  "Dynamic Sparse No Training", ICLR 2024).
 
 Nothing in these modules imports prunelab (`tests/test_faithful_references.py` checks it); they
 know Llama's attribute paths and nothing else, so they serve Llama-family models (SmolLM2) only.
@@ -24,6 +26,7 @@ The comparison with prunelab lives apart, in `oracles.compare`, which is the one
 imports prunelab.
 """
 
+from oracles.dsnot import dsnot_oracle
 from oracles.llama_layers import capture_layer0_inputs, decoder_linears, run_layer
 from oracles.magnitude import magnitude_oracle
 from oracles.ria import ria_oracle
@@ -31,7 +34,7 @@ from oracles.sparsegpt import sparsegpt_oracle
 from oracles.wanda import wanda_oracle
 
 ORACLES = {"magnitude": magnitude_oracle, "wanda": wanda_oracle, "sparsegpt": sparsegpt_oracle,
-           "ria": ria_oracle}
+           "ria": ria_oracle, "dsnot": dsnot_oracle}
 
-__all__ = ["ORACLES", "capture_layer0_inputs", "decoder_linears", "magnitude_oracle", "run_layer",
+__all__ = ["ORACLES", "capture_layer0_inputs", "decoder_linears", "dsnot_oracle", "magnitude_oracle", "run_layer",
            "ria_oracle", "sparsegpt_oracle", "wanda_oracle"]

@@ -27,6 +27,7 @@ from prunelab.context import PruneContext
 from prunelab.data import CalibrationSpec, calibration_samples
 from prunelab.models import load_model
 from prunelab.models.adapter import ModelAdapter
+from prunelab.pruning.dsnot import DSnoT
 from prunelab.pruning.magnitude import Magnitude
 from prunelab.pruning.ria import RIA
 from prunelab.pruning.sparsegpt import SparseGPT
@@ -35,7 +36,16 @@ from prunelab.pruning.wanda import Wanda
 from oracles import ORACLES
 from oracles.llama_layers import decoder_linears
 
-METHODS = {"magnitude": Magnitude, "wanda": Wanda, "sparsegpt": SparseGPT, "ria": RIA}
+REFINE_SETTINGS = ("max_cycles", "update_threshold", "pow_of_var", "same_sign", "skip")
+
+
+def wanda_dsnot(**settings: Any) -> Wanda:
+    """`pruning=wanda pruning/refine=dsnot`: the refinement's settings go to DSnoT, the rest to Wanda."""
+    refine = DSnoT(**{k: settings.pop(k) for k in REFINE_SETTINGS if k in settings})
+    return Wanda(refine=refine, **settings)
+
+
+METHODS = {"magnitude": Magnitude, "wanda": Wanda, "sparsegpt": SparseGPT, "ria": RIA, "dsnot": wanda_dsnot}
 SMOLLM2_CACHE = Path.home() / ".cache" / "prunelab"  # where the GGUF is converted once
 
 

@@ -117,6 +117,44 @@ class BaselineFluctuation:
         self.num_samples = n + 1
 
 
+class InputMoments:
+    """DSnoT's input statistics of one linear, updated one calibration sample at a time.
+
+    Zhang et al., "Dynamic Sparse No Training", ICLR 2024 (zyxxmu/DSnoT `WrappedGPT.add_batch`),
+    in that repository's arithmetic on X = x^T [in, tokens] of each sample:
+    - `sq_norm`: Wanda's running mean over samples of torch.norm(X, dim=1) ** 2 (`scaler_row`);
+    - `sum_mean`: the running mean over samples of each channel's SUM over tokens,
+      s *= n / (n + 1); n += 1; s += X.sum(dim=1) / n (`sum_metric_row`: seqlen x the mean);
+    - `variance`: each sample's own population variance over its tokens, combined as a
+      token-weighted mean, v = (v * N + v_b * T) / (N + T) (`var`: not the variance of the pooled
+      tokens, which would add the spread of the sample means).
+    A batch of B samples ([B * T, in]) is split into its samples, so the values do not depend on
+    the calibration batch size (the repository runs one sample per forward pass).
+    """
+
+    def __init__(self, in_features: int, device: torch.device | None = None):
+        self.sq_norm = torch.zeros(in_features, dtype=torch.float32, device=device)  # [in]
+        self.sum_mean = torch.zeros(in_features, dtype=torch.float32, device=device)  # [in]
+        self.variance = torch.zeros(in_features, dtype=torch.float32, device=device)  # [in]
+        self.num_samples = 0
+        self.num_tokens = 0
+
+    def update(self, x: torch.Tensor, num_samples: int) -> None:
+        for sample in x.float().chunk(num_samples, dim=0):  # each [T, in]
+            columns = sample.t()  # [in, T], the repository's layout (reductions run along dim 1)
+            tokens = columns.shape[1]
+            variance = torch.var(columns, dim=1, unbiased=False).to(self.variance.device)  # [in]
+            self.variance = variance if self.num_tokens == 0 else (
+                (self.variance * self.num_tokens + variance * tokens) / (self.num_tokens + tokens))
+            self.num_tokens += tokens
+            self.sq_norm *= self.num_samples / (self.num_samples + 1)
+            self.sum_mean *= self.num_samples / (self.num_samples + 1)
+            self.num_samples += 1
+            sq_norm = torch.norm(columns, p=2, dim=1) ** 2  # [in]
+            self.sq_norm += sq_norm.to(self.sq_norm.device) / self.num_samples
+            self.sum_mean += torch.sum(columns, dim=1).to(self.sum_mean.device) / self.num_samples
+
+
 class AbsHistogram:
     """Counts of |x| over log-spaced bins, for percentiles of activation magnitudes that do not
     need every activation in memory (PALS). Relative resolution: a factor (high/low)^(1/bins) per

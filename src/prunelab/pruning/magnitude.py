@@ -21,8 +21,10 @@ import torch
 from prunelab.allocation.base import Allocation, allocation_details
 from prunelab.allocation.uniform import Uniform
 from prunelab.calibration.dense_statistics import DenseStatistics
+from prunelab.calibration.passes import layer_pass, role_linears
 from prunelab.context import PruneContext, PruneReport
 from prunelab.pruning.budget import SparsityBudget, check_method_settings
+from prunelab.pruning.dsnot import DSnoT, refine_statistics
 from prunelab.pruning.masks import apply_mask, make_mask
 from prunelab.scoring.weights import magnitude_scores
 
@@ -31,16 +33,21 @@ class Magnitude:
     name = "magnitude"
 
     def __init__(self, sparsity: float = 0.5, sparsity_type: str = "unstructured", group: str = "matrix",
-                 ties: str = "reference", rounding: str = "floor", allocation: Allocation | None = None):
+                 ties: str = "reference", rounding: str = "floor", allocation: Allocation | None = None,
+                 refine: DSnoT | None = None):
         self.allocation = allocation or Uniform()
         check_method_settings(sparsity, sparsity_type, group, ties, "pruned", rounding, self.allocation,
                               sparsity)
         self.sparsity, self.sparsity_type, self.group = sparsity, sparsity_type, group
         self.ties, self.rounding = ties, rounding
+        self.refine = refine
+        if refine is not None:
+            refine.check_base(self.name, sparsity_type)
 
     def labels(self) -> dict[str, Any]:
-        return {"method": self.name, "sparsity": self.sparsity, "sparsity_type": self.sparsity_type,
-                "allocation": self.allocation.name}
+        labels = {"method": self.name, "sparsity": self.sparsity, "sparsity_type": self.sparsity_type,
+                  "allocation": self.allocation.name}
+        return {**labels, "refine": self.refine.name} if self.refine else labels
 
     def allocate(self, ctx: PruneContext) -> list[float]:
         """Per-layer targets from the allocation policy; |W| is scored per matrix in `prune`."""
@@ -48,6 +55,8 @@ class Magnitude:
 
     @torch.no_grad()
     def prune(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:
+        if self.refine:
+            return self.prune_refined(ctx, layer_targets)
         adapter = ctx.loaded.adapter
         budget = SparsityBudget(self.rounding)
         for index, layer in adapter.layers_in_memory():  # streamed: one layer read at a time
@@ -58,3 +67,28 @@ class Magnitude:
                 budget.record(layer_targets[index], linear.weight)
         return PruneReport(layer_targets=list(layer_targets),
                            details={"allocation": allocation_details(self.allocation, layer_targets)})
+
+    @torch.no_grad()
+    def prune_refined(self, ctx: PruneContext, layer_targets: list[float]) -> PruneReport:
+        """|W| masks refined layer by layer: the refinement needs each layer's inputs after the
+        earlier layers were pruned (the reference's loop), so this pass is calibrated."""
+        adapter = ctx.loaded.adapter
+        budget = SparsityBudget(self.rounding)
+        self.refine.start()
+        for step in layer_pass(adapter, ctx.calibration(), ctx.batch_size, "pruned", ctx.progress,
+                               desc="magnitude+dsnot"):
+            groups = role_linears(adapter, step.layer)
+            with refine_statistics(self.refine, groups) as moments:
+                step.forward()
+            for role, group in groups.items():
+                for name, linear in group.items():
+                    scores = magnitude_scores(linear.weight)  # [out, in]
+                    ratio = budget.ratio(layer_targets[step.index], scores.shape, self.group)
+                    mask = make_mask(scores, ratio, self.sparsity_type, self.group, self.ties)
+                    mask = self.refine.refine(f"layers.{step.index}.{name}", role, linear.weight, mask,
+                                              moments[role])
+                    apply_mask(linear.weight, mask)
+                    budget.record(layer_targets[step.index], linear.weight)
+        return PruneReport(layer_targets=list(layer_targets),
+                           details={"allocation": allocation_details(self.allocation, layer_targets),
+                                    "refine": self.refine.details()})

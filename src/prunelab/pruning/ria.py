@@ -30,6 +30,7 @@ import torch
 from prunelab.allocation.base import Allocation
 from prunelab.errors import ConfigError
 from prunelab.pruning.channel_permutation import assignment_order, permuted_nm_mask, reallocation_order
+from prunelab.pruning.dsnot import DSnoT
 from prunelab.pruning.masks import parse_sparsity_type
 from prunelab.pruning.wanda import Wanda
 from prunelab.scoring.weights import ria_scores
@@ -47,10 +48,11 @@ class RIA(Wanda):
     def __init__(self, sparsity: float = 0.5, sparsity_type: str = "unstructured", a: float = 0.5,
                  group: str = "matrix", ties: str = "reference", permutation: str = "none",
                  lsa_fast: bool = False, propagate: str = "pruned", rounding: str = "floor",
-                 norm_arithmetic: str = "reference", allocation: Allocation | None = None):
+                 norm_arithmetic: str = "reference", allocation: Allocation | None = None,
+                 refine: DSnoT | None = None):
         super().__init__(sparsity=sparsity, sparsity_type=sparsity_type, group=group, ties=ties,
                          propagate=propagate, rounding=rounding, norm_arithmetic=norm_arithmetic,
-                         allocation=allocation)
+                         allocation=allocation, refine=refine)
         if isinstance(a, bool) or not isinstance(a, (int, float)) or a < 0:
             raise ConfigError(f"pruning.a (RIA's activation exponent) must be a number >= 0, not {a!r}")
         if permutation not in PERMUTATIONS:

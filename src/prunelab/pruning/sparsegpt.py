@@ -34,11 +34,12 @@ from prunelab.allocation.base import Allocation, allocation_details
 from prunelab.allocation.uniform import Uniform
 from prunelab.calibration.dense_statistics import DenseStatistics
 from prunelab.calibration.passes import layer_pass, role_linears, role_readers
-from prunelab.calibration.statistics import Hessian, collect_linear_inputs
+from prunelab.calibration.statistics import Hessian, InputMoments, collect_linear_inputs
 from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError
 from prunelab.models import ROLES
 from prunelab.pruning.budget import SparsityBudget, check_method_settings
+from prunelab.pruning.dsnot import DSnoT, refine_statistics
 from prunelab.pruning.masks import parse_sparsity_type
 from prunelab.pruning.sparsegpt_solver import check_blocking, inverse_hessian_factor, solve_with_factor
 
@@ -49,7 +50,7 @@ class SparseGPT:
     def __init__(self, sparsity: float = 0.5, sparsity_type: str = "unstructured", group: str = "block128",
                  ties: str = "reference", blocksize: int = 128, percdamp: float = 0.01,
                  true_sequential: bool = False, propagate: str = "pruned", rounding: str = "floor",
-                 allocation: Allocation | None = None):
+                 allocation: Allocation | None = None, refine: DSnoT | None = None):
         self.allocation = allocation or Uniform()
         check_method_settings(sparsity, sparsity_type, group, ties, propagate, rounding, self.allocation, sparsity)
         self.nm = parse_sparsity_type(sparsity_type)
@@ -62,10 +63,14 @@ class SparseGPT:
         self.sparsity, self.sparsity_type, self.group, self.ties = sparsity, sparsity_type, group, ties
         self.blocksize, self.percdamp, self.true_sequential = blocksize, percdamp, true_sequential
         self.propagate, self.rounding = propagate, rounding
+        self.refine = refine
+        if refine is not None:
+            refine.check_base(self.name, sparsity_type)
 
     def labels(self) -> dict[str, Any]:
-        return {"method": self.name, "sparsity": self.sparsity, "sparsity_type": self.sparsity_type,
-                "allocation": self.allocation.name}
+        labels = {"method": self.name, "sparsity": self.sparsity, "sparsity_type": self.sparsity_type,
+                  "allocation": self.allocation.name}
+        return {**labels, "refine": self.refine.name} if self.refine else labels
 
     def allocate(self, ctx: PruneContext) -> list[float]:
         """Per-layer targets from the allocation policy. SparseGPT scores while it prunes (the mask
@@ -90,21 +95,39 @@ class SparseGPT:
         budget = SparsityBudget(self.rounding)
         steps = layer_pass(adapter, ctx.calibration(), ctx.batch_size, self.propagate, ctx.progress,
                            desc="sparsegpt")
+        if self.refine:
+            self.refine.start()
         for step in steps:
             target = layer_targets[step.index]
             for roles in self.role_batches():
                 groups = role_linears(adapter, step.layer, roles)
-                with collect_linear_inputs(role_readers(groups), Hessian) as hessians:  # one Hessian per role
+                with collect_linear_inputs(role_readers(groups), Hessian) as hessians, \
+                        refine_statistics(self.refine, groups) as moments:  # one Hessian per role
                     step.forward()
                 for role, group in groups.items():
                     # H is factored in its own memory, once for every linear it feeds (q, k, v)
                     factor = inverse_hessian_factor(hessians.pop(role).value, self.percdamp, overwrite=True)
-                    for linear in group.values():
+                    for name, linear in group.items():
                         ratio = budget.ratio(target, linear.weight.shape, self.group)
-                        pruned, _ = solve_with_factor(linear.weight, factor, ratio, self.nm, self.group,
-                                                      self.ties, self.blocksize)
+                        pruned, mask = solve_with_factor(linear.weight, factor, ratio, self.nm, self.group,
+                                                         self.ties, self.blocksize)
+                        if self.refine:
+                            pruned = self.refined(f"layers.{step.index}.{name}", role, linear.weight,
+                                                  pruned, mask, moments[role])
                         linear.weight.copy_(pruned.to(linear.weight.dtype))  # [out, in]
                         budget.record(target, linear.weight)
                     del factor  # free [in, in] before the next role's solve
         details = {"allocation": allocation_details(self.allocation, layer_targets)}
+        if self.refine:
+            details["refine"] = self.refine.details()
         return PruneReport(layer_targets=list(layer_targets), details=details)
+
+    def refined(self, key: str, role: str, dense: torch.Tensor, pruned: torch.Tensor, mask: torch.Tensor,
+                moments: InputMoments) -> torch.Tensor:
+        """SparseGPT's pruned weights ([out, in]) with its mask refined from the dense weights: a
+        regrown weight gets its dense value, a newly pruned one is zeroed, the rest keep SparseGPT's
+        update."""
+        refined = self.refine.refine(key, role, dense, mask, moments)  # [out, in]
+        grown = mask & ~refined  # [out, in]
+        pruned = torch.where(grown, dense.to(pruned.dtype), pruned)
+        return pruned.masked_fill(refined, 0)

@@ -42,6 +42,7 @@ from prunelab.calibration.statistics import NORM_ARITHMETIC, SquaredColumnNorm, 
 from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError
 from prunelab.pruning.budget import SparsityBudget, check_method_settings
+from prunelab.pruning.dsnot import DSnoT, refine_statistics
 from prunelab.pruning.masks import apply_mask, make_mask, parse_sparsity_type
 from prunelab.scoring.weights import wanda_scores
 
@@ -82,7 +83,7 @@ class Wanda:
     def __init__(self, sparsity: float = 0.5, sparsity_type: str = "unstructured", group: str = "row",
                  ties: str = "exact", use_variant: bool = False, propagate: str = "pruned",
                  rounding: str = "floor", norm_arithmetic: str = "reference",
-                 allocation: Allocation | None = None):
+                 allocation: Allocation | None = None, refine: DSnoT | None = None):
         self.allocation = allocation or Uniform()
         check_method_settings(sparsity, sparsity_type, group, ties, propagate, rounding, self.allocation, sparsity)
         if use_variant and parse_sparsity_type(sparsity_type):
@@ -93,10 +94,14 @@ class Wanda:
         self.sparsity, self.sparsity_type, self.group, self.ties = sparsity, sparsity_type, group, ties
         self.use_variant, self.propagate, self.rounding = use_variant, propagate, rounding
         self.norm_arithmetic = norm_arithmetic
+        self.refine = refine
+        if refine is not None:
+            refine.check_base(self.name, sparsity_type)
 
     def labels(self) -> dict[str, Any]:
-        return {"method": "wanda_variant" if self.use_variant else self.name, "sparsity": self.sparsity,
-                "sparsity_type": self.sparsity_type, "allocation": self.allocation.name}
+        labels = {"method": "wanda_variant" if self.use_variant else self.name, "sparsity": self.sparsity,
+                  "sparsity_type": self.sparsity_type, "allocation": self.allocation.name}
+        return {**labels, "refine": self.refine.name} if self.refine else labels
 
     def allocate(self, ctx: PruneContext) -> list[float]:
         """Per-layer targets from the allocation policy. Wanda's scores depend on the already-pruned
@@ -122,16 +127,22 @@ class Wanda:
         statistic = partial(SquaredColumnNorm, arithmetic=self.norm_arithmetic)
         steps = layer_pass(adapter, ctx.calibration(), ctx.batch_size, self.propagate, ctx.progress,
                            desc=self.name)
+        if self.refine:
+            self.refine.start()
         for step in steps:
             target = layer_targets[step.index]
             groups = role_linears(adapter, step.layer)
-            with collect_linear_inputs(role_readers(groups), statistic) as norms:
+            with collect_linear_inputs(role_readers(groups), statistic) as norms, \
+                    refine_statistics(self.refine, groups) as moments:
                 step.forward()
             for role, group in groups.items():
                 for name, linear in group.items():
                     scores = self.scores(linear.weight, norms[role].value)  # [out, in]
                     ratio = budget.ratio(target, scores.shape, None if self.use_variant else self.group)
                     mask, alpha = self.mask(scores, ratio, role)
+                    if self.refine:
+                        mask = self.refine.refine(f"layers.{step.index}.{name}", role, linear.weight, mask,
+                                                  moments[role])
                     apply_mask(linear.weight, mask)
                     budget.record(target, linear.weight)
                     if alpha is not None:
@@ -139,4 +150,6 @@ class Wanda:
         details: dict[str, Any] = {"allocation": allocation_details(self.allocation, layer_targets)}
         if alphas:
             details["variant_alpha"] = alphas
+        if self.refine:
+            details["refine"] = self.refine.details()
         return PruneReport(layer_targets=list(layer_targets), details=details)
