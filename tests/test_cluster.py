@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -54,6 +55,14 @@ def cluster():
         pytest.skip(reason)
 
 
+def default_sigint() -> None:
+    """In the sweep's process, Ctrl-C as a terminal gives it: a test suite started in the
+    background by a non-interactive shell (`cmd &`, as CI may be) has SIGINT ignored, which every
+    child inherits, and Python then never raises KeyboardInterrupt (the relaunch scenario's
+    Ctrl-C would be lost)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Sweep:
     """`prunelab` sweeps of the testbed through hydra/launcher=slurm_cpu in one folder."""
 
@@ -76,7 +85,7 @@ class Sweep:
         overrides = tuple(o for o in overrides if not o.startswith("-"))
         return subprocess.Popen([PRUNELAB, *flags, *self.base, *overrides], cwd=self.root,
                                 env=self.env(slow_seeds, slow_s), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
 
     def run(self, *overrides: str, slow_seeds: str = "", timeout: float = 600) -> subprocess.CompletedProcess:
         began = time.time()
