@@ -149,3 +149,19 @@ def test_gpu_activations_kept_on_the_host_when_the_device_budget_is_short(tiny_m
         assert store.keep_activation(on_gpu).device.type == "cuda"  # fits: stays where it was made
         store.host_activations = True
         assert store.keep_activation(on_gpu).device.type == "cpu"
+
+
+def test_new_pure_math_keeps_to_the_device_of_its_inputs():
+    """RIA's score and width pruning's row indices on fake CUDA inputs: a tensor made on the CPU
+    beside them raises FakeTensorDeviceMismatchError. (Indexed assignment and `flip`, which the
+    channel permutation uses, have no fake CUDA kernel on a CPU-only build.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from prunelab.models.width import _unit_rows
+    from prunelab.scoring.weights import ria_scores
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        weight = torch.empty(8, 16, device="cuda")  # [out, in]
+        scores = ria_scores(weight, torch.empty(16, device="cuda"))  # [out, in]
+        rows = _unit_rows(torch.arange(3, device="cuda"), 64)  # [3 * 64]
+        assert scores.device.type == rows.device.type == "cuda"

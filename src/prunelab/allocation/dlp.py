@@ -42,7 +42,7 @@ def layer_score(scores: Sequence[torch.Tensor]) -> torch.Tensor:
 def dlp_sparsities(layer_scores: Sequence[torch.Tensor], target: float, alpha: float) -> list[float]:
     """s_l from the per-layer scores ([layers] 0-d float32 tensors), in the reference's arithmetic."""
     total = sum(layer_scores)  # 0-d float32, added layer by layer
-    imp = torch.tensor([1 - score / total for score in layer_scores])  # [L] float32
+    imp = torch.tensor([1 - score / total for score in layer_scores])  # [L] float32, on the CPU as the scores (L numbers)
     low, high = torch.min(imp), torch.max(imp)
     scaled = (imp - low) * (1 / (high - low) * alpha * 2)  # [L] in [0, 2 alpha]
     density = (scaled - torch.mean(scaled) + (1 - target)).tolist()

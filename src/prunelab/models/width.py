@@ -118,7 +118,7 @@ def add_bias(linear: nn.Linear, bias: torch.Tensor) -> None:
 
 def _unit_rows(units: torch.Tensor, size: int) -> torch.Tensor:
     """Row indices of the kept units, each `size` consecutive rows: [len(units) * size]."""
-    return (units.view(-1, 1) * size + torch.arange(size).view(1, -1)).reshape(-1)
+    return (units.view(-1, 1) * size + torch.arange(size, device=units.device).view(1, -1)).reshape(-1)
 
 
 def _check_indices(what: str, index: int, kept: torch.Tensor, total: int) -> torch.Tensor:
