@@ -128,4 +128,9 @@ def render_mask_table(table, columns: dict[str, str], header: str, notes: str,
         shown[column] = shown[column].map(lambda f: f"{f:.6f}")
     for column in ("prunelab s", "official s"):
         shown[column] = shown[column].map(lambda s: f"{s:.1f}")
-    return f"# {header}\n\n{shown.to_markdown(index=False)}\n\n{notes}"
+    return f"# {header}\n\n{shown.to_markdown(index=False)}\n\n{notes}\n{SECONDS_NOTE}"
+
+
+SECONDS_NOTE = """`prunelab s` and `official s` are wall times of the two runs one after the other in one
+process on a shared machine: a record of what each took, not a speed comparison (the official
+code is not written for the CPU)."""
