@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from prunelab.calibration.hidden_states import progress_bar
 from prunelab.calibration.runner import LayerInputs, capture_layer_inputs
 from prunelab.calibration.slicing import layer_signals
 from prunelab.context import PruneContext, PruneReport
@@ -92,7 +93,7 @@ class SliceGPT:
         eigenvalues.append(values.tolist())
         Q = orient(Q, dim)  # [D, D] float64
         rotate_and_slice_embeddings(adapter, Q, dim)
-        for index, layer in enumerate(adapter.layers):
+        for index, layer in progress_bar(enumerate(adapter.layers), ctx.progress, "slicegpt: rotate and slice"):
             out_dim = hidden if index == n - 1 else dim  # the head is not sliced
             shortcut_layer(adapter, layer)
             attn_out, mlp_out = adapter.residual_writers(layer)
