@@ -198,6 +198,20 @@ def test_a_failed_run_does_not_stop_the_sweep(tiny_model_dirs, text_file, tmp_pa
     assert statuses == ["completed", "failed"]
 
 
+def test_a_key_added_later_keeps_old_signatures_at_its_neutral_value():
+    """Depth configs gained `pruning.params_removed` (null: count layers); a run at null keeps the
+    signature of the records written before the key existed, a set value makes its own."""
+    from prunelab.config import resolved
+    from prunelab.tracking.record import config_signature
+
+    config = resolved(compose_config(["pruning=depth", "pruning.num_layers=2"]))
+    assert config["pruning"]["params_removed"] is None
+    before = {**config, "pruning": {k: v for k, v in config["pruning"].items() if k != "params_removed"}}
+    assert config_signature(config) == config_signature(before)
+    budget = {**config, "pruning": {**config["pruning"], "params_removed": 0.2}}
+    assert config_signature(budget) != config_signature(config)
+
+
 def test_signature_ignores_seed_and_paths_but_not_settings(tmp_path):
     base = build_setup(compose_config(["model=llama2_7b", "seed=0"]))
     other_seed = build_setup(compose_config(["model=llama2_7b", "seed=5", f"paths.records_dir={tmp_path}"]))

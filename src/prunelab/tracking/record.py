@@ -26,11 +26,20 @@ NON_SIGNATURE_KEYS = ("seed", "paths", "tracking", "runtime", "save_model", "hyd
 NON_SIGNATURE_FIELDS = (("model", "streaming"), ("evaluation", "efficiency"))
 
 
+#: Keys added after records were written, with the value that computes what those records did:
+#: a run at that value keeps the signature it had before the key existed (so it still pairs with,
+#: and resumes from, the earlier records); any other value is part of the signature.
+NEUTRAL_FIELDS = {("pruning", "params_removed"): None}
+
+
 def config_signature(config: dict[str, Any]) -> str:
     """16-hex hash of the resolved config without seed, paths, tracking and runtime settings."""
     kept = {k: v for k, v in config.items() if k not in NON_SIGNATURE_KEYS}
     for group, field in NON_SIGNATURE_FIELDS:
         if isinstance(kept.get(group), dict) and field in kept[group]:
+            kept[group] = {k: v for k, v in kept[group].items() if k != field}
+    for (group, field), neutral in NEUTRAL_FIELDS.items():
+        if isinstance(kept.get(group), dict) and field in kept[group] and kept[group][field] == neutral:
             kept[group] = {k: v for k, v in kept[group].items() if k != field}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
