@@ -32,7 +32,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,7 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
             _stop(err)
         labels = run_labels(job_overrides)
         self._claims = Claims(self._EXECUTOR)
+        self._submitted: list = []  # jobs, as they are submitted
         returns: dict[int, JobReturn] = {}
         todo, held = [], []
         for n, overrides in enumerate(job_overrides):
@@ -130,7 +131,11 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
         if not todo and not held:
             log.info("every run of the sweep has a completed record: nothing to submit")
         submitted_at = datetime.now(timezone.utc).isoformat()
-        jobs_ = self._submit(todo) if todo else []
+        jobs_: list = []
+        try:
+            jobs_ = self._submit(todo) if todo else []
+        except KeyboardInterrupt:  # while runs waited for a free GPU (local_parallel)
+            self._stopped_waiting(self._submitted)
         returns.update(self._wait_all(todo, jobs_, held, submitted_at))
         return [returns[initial_job_idx + n] for n in range(len(job_overrides))]
 
@@ -160,9 +165,9 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
 
         return finished_record(unstarted_record_path(config), bool(config.get("save_model")))
 
-    def _submit(self, todo: list) -> list:
+    def _executor(self):
+        """submitit's executor for this launcher's parameters (hydra.launcher.*)."""
         import submitit
-        from submitit.core.utils import FailedJobError, FailedSubmissionError
 
         params = dict(self.params)
         init = {"folder": params.pop("submitit_folder")}
@@ -171,28 +176,49 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
         queue_keys = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in queue_keys else f"{self._EXECUTOR}_{k}": v
-                                      for k, v in params.items()})
+                                      for k, v in self._queue_params(params).items()})
+        return executor
+
+    def _queue_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The parameters handed to submitit (the local launcher keeps its GPUs to itself)."""
+        return params
+
+    def _submit_runs(self, executor, runs: list, submitted: Callable[[tuple, Any], None]) -> None:
+        """One job per run (a job array on SLURM), submitted at once; `submitted(run, job)` for each."""
+        job_params = [(overrides, "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
+                      for idx, overrides, _, _, _ in runs]
+        with self._claims.token_for_jobs(), contextlib.redirect_stderr(io.StringIO()):
+            jobs = executor.map_array(self, *zip(*job_params))  # submitit echoes sbatch's refusal
+        for run, job in zip(runs, jobs):
+            submitted(run, job)
+
+    def _submit(self, todo: list) -> list:
+        from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+        executor = self._executor()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if "mode" in self.config.hydra.sweep:
             os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
         for idx, _, label, _, _ in todo:
             log.info("\t#%d : %s", idx, label)
-        job_params = [(overrides, "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
-                      for idx, overrides, _, _, _ in todo]
+        jobs: list = self._submitted
+
+        def submitted(run: tuple, job) -> None:  # the run's lease goes to its job as soon as it exists
+            _, _, _, config, lease = run
+            if lease:
+                self._claims.hand_to(config, lease, job)
+            jobs.append(job)
+
         try:
-            with self._claims.token_for_jobs(), contextlib.redirect_stderr(io.StringIO()):
-                jobs = executor.map_array(self, *zip(*job_params))  # submitit echoes sbatch's refusal
+            self._submit_runs(executor, todo, submitted)
         except BaseException as err:
-            for _, _, _, config, lease in todo:
+            for _, _, _, config, lease in todo[len(jobs):]:  # a submitted run's job keeps its lease
                 if lease:
                     self._claims.release(config, lease)
             if isinstance(err, (FailedJobError, FailedSubmissionError)):  # sbatch said no
                 _stop(checks.submission_error(str(err)))
             raise
-        for (_, _, _, config, lease), job in zip(todo, jobs):
-            if lease:
-                self._claims.hand_to(config, lease, job)
         arrays = sorted({job.job_id.split("_")[0] for job in jobs})
         log.info("submitted %d job(s) (%s %s); logs in %s/.submitit/", len(jobs),
                  "SLURM job" if self._EXECUTOR == "slurm" else "local job", ", ".join(arrays), sweep_dir)
@@ -208,13 +234,17 @@ class WaitsForEveryJob(upstream.BaseSubmititLauncher):
             for idx, overrides, label, config in held:
                 returns[idx] = self._wait_for_holder(overrides, label, config)
         except KeyboardInterrupt:
-            ids = " ".join(sorted({job.job_id.split("_")[0] for job in jobs_})) or "none submitted here"
-            print(f"prunelab: stopped waiting; the sweep's jobs ({ids}) keep running and write their "
-                  "records (squeue lists them, scancel stops them); relaunching the same command submits "
-                  "just the runs without a completed record that no live job holds, and waits for the rest",
-                  file=sys.stderr)
-            sys.exit(130)
+            self._stopped_waiting(jobs_)
         return returns
+
+    @staticmethod
+    def _stopped_waiting(jobs_: list) -> None:
+        ids = " ".join(sorted({job.job_id.split("_")[0] for job in jobs_})) or "none submitted here"
+        print(f"prunelab: stopped waiting; the sweep's jobs ({ids}) keep running and write their "
+              "records (squeue lists them, scancel stops them); relaunching the same command submits "
+              "just the runs without a completed record that no live job holds, and waits for the rest",
+              file=sys.stderr)
+        sys.exit(130)
 
     def _wait_for_holder(self, overrides: list[str], label: str, config: dict | None) -> JobReturn:
         """A run another live owner computes: wait until its lease is gone, then report its record."""

@@ -73,7 +73,8 @@ def hardware() -> dict[str, Any]:
     machines that differ in it (or in CPU) can round differently, enough to move a pruning mask."""
     return {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
             "cpu_model": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), **gpu_facts()}
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), **gpu_facts()}
 
 
 def gpu_facts() -> dict[str, Any]:
