@@ -41,6 +41,7 @@ from prunelab.interrupts import catch_termination
 from prunelab.models import LoadedModel, cache_identity, identity_key, load_model, model_identity
 from prunelab.models.loading import MemoryRequest
 from prunelab.models.checks import free_bytes
+from prunelab.models.offloaded_weights import has_offloaded_weights
 from prunelab.models.memory import (
     GIB, default_state_bytes, peak_device_memory, reset_peak_device_memory, synchronize,
 )
@@ -208,6 +209,23 @@ def check_streamable(setup: RunSetup) -> None:
                           "use model.streaming=false")
 
 
+def check_offloadable(pruning: PruningMethod, recovery: Recovery) -> None:
+    """What cannot run on weights accelerate offloaded (`model.max_memory`): one line, before any
+    work. Layer-by-layer passes bring each layer's weights in (`models.offloaded_weights`); what
+    reads every weight at once or back-propagates through the whole model cannot."""
+    problems = []
+    parts = {"pruning/allocation": getattr(pruning, "allocation", None),
+             "pruning/scorer": getattr(pruning, "scorer", None), "recovery": recovery}
+    if getattr(pruning, "streamable", True) is False:  # width pruning resizes every layer at once
+        problems.append(f"pruning={pruning.name}")
+    for group, part in parts.items():
+        if part is not None and not getattr(part, "offloadable", True):
+            problems.append(f"{group}={part.name}")
+    if problems:
+        raise ConfigError(f"weights offloaded by accelerate (model.max_memory) cannot yet run {', '.join(problems)}: "
+                          "use model.streaming=true (layers read one at a time) or a larger model.max_memory")
+
+
 def evaluate_all(evaluators: list, loaded: LoadedModel) -> dict[str, Metric]:
     metrics: dict[str, Metric] = {}
     for evaluator in evaluators:
@@ -250,6 +268,8 @@ def build_evaluators(evaluation: EvaluationSpec, data: DataSpec, cache: TokenCac
 def prune_and_recover(ctx: PruneContext, pruning: PruningMethod, recovery: Recovery,
                       clock: StageClock) -> tuple[PruneReport, dict[str, Any]]:
     """allocate or score -> prune -> recover on ctx's model, in place, each stage timed."""
+    if has_offloaded_weights(ctx.loaded.model):
+        check_offloadable(pruning, recovery)
     stage, plan = first_stage(pruning)
     with clock(stage):
         planned = plan(ctx)  # layer targets (allocate) or layer scores (score)

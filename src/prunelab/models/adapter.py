@@ -8,13 +8,15 @@ how to run one layer alone, and how to remove layers so that the checkpoint stil
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+import contextlib
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 
 from prunelab.models.architectures import Architecture, architecture_for
+from prunelab.models.offloaded_weights import has_offloaded_weights, offloaded_modules, onloaded
 from prunelab.models.streaming import LayerStore, store_of
 
 ROLES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
@@ -114,11 +116,13 @@ class ModelAdapter:
     def layer_in_memory(self, index: int, device: torch.device | None = None) -> Iterator[nn.Module]:
         """Decoder layer `index` with its weights in memory for the duration. A resident model's
         layer as it is; a streamed model's read from its shards (and written back if changed),
-        on `device` when given."""
+        on `device` when given; one whose weights accelerate offloaded (`device_map="auto"` with a
+        `max_memory`) brought in by its hook and what changed written back (`models.offload`)."""
         layer = self.layers[index]
         store = self.store
         if store is None:
-            yield layer
+            with onloaded(layer) if has_offloaded_weights(layer) else nullcontext():
+                yield layer
             return
         with store.resident(layer, device):
             yield layer
@@ -130,10 +134,17 @@ class ModelAdapter:
         nothing to do for a resident model."""
         store = self.store
         if store is None:
-            yield
+            with contextlib.ExitStack() as stack:  # offloaded by accelerate: every part outside the
+                for module in self._offloaded_outside_layers():  # layers (embeddings, norm, head)
+                    stack.enter_context(onloaded(module))
+                yield
             return
         with store.outside_resident(which):
             yield
+
+    def _offloaded_outside_layers(self) -> list[nn.Module]:
+        inside = {id(module) for module in self.layers.modules()}
+        return [module for module in offloaded_modules(self.model) if id(module) not in inside]
 
     def layers_in_memory(self) -> Iterator[tuple[int, nn.Module]]:
         """(index, layer) for every decoder layer, each in memory while the loop body runs."""

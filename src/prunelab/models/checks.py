@@ -124,7 +124,9 @@ def check_loaded_weights(info: dict, source: str) -> None:
 
 @torch.no_grad()
 def check_finite(model: torch.nn.Module, source: str) -> None:
-    """Every parameter finite; else one line naming the first bad tensor."""
-    for name, tensor in model.named_parameters():
+    """Every parameter finite, offloaded ones included; else one line naming the first bad tensor."""
+    from prunelab.models.offloaded_weights import named_weights
+
+    for name, tensor in named_weights(model):
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ModelCheckError(f"the weights in {source} contain NaN or Inf (first in {name})")

@@ -177,9 +177,9 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None,
         model, info = guarded("the model weights", source, lambda: load_resized(
             source, config, dtype, architecture, hub_kwargs))
     else:
+        placement = _placement(spec, cache_dir)
         model, info = guarded("the model weights", source, lambda: AutoModelForCausalLM.from_pretrained(
-            source, config=config, dtype=dtype, device_map=spec.device_map, output_loading_info=True,
-            **hub_kwargs))
+            source, config=config, dtype=dtype, output_loading_info=True, **placement, **hub_kwargs))
     check_loaded_weights(info, source)
     check_finite(model, source)
     if spec.device_map is None:
@@ -190,6 +190,20 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None,
                         lambda: AutoTokenizer.from_pretrained(spec.tokenizer or source, **hub_kwargs))
     return LoadedModel(model, tokenizer, ModelAdapter(model, architecture), spec, device, source,
                        memory=memory_record)
+
+
+def _placement(spec: ModelSpec, cache_dir) -> dict[str, Any]:
+    """`from_pretrained`'s placement keywords: accelerate's device map, its memory budget and, for
+    weights beyond it, a folder of this run's own to offload them to."""
+    if spec.device_map is None:
+        return {"device_map": None}
+    placement: dict[str, Any] = {"device_map": spec.device_map}
+    if spec.max_memory is not None:
+        placement["max_memory"] = {int(k) if str(k).isdigit() else k: v for k, v in dict(spec.max_memory).items()}
+        folder = Path(spec.offload_folder) if spec.offload_folder else Path(cache_dir or default_cache_dir()) / "offload"
+        folder.mkdir(parents=True, exist_ok=True)
+        placement["offload_folder"] = spec.offload_folder or tempfile.mkdtemp(dir=folder)
+    return placement
 
 
 def load_resized(source: str, config, dtype, architecture, hub_kwargs: dict) -> tuple[torch.nn.Module, dict]:

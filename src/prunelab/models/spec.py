@@ -29,6 +29,10 @@ class ModelSpec:
         device: where computation runs: auto | cpu | cuda | cuda:N.
         device_map: passed to ``from_pretrained`` for multi-GPU placement (``auto``); null keeps the
             whole model on ``device``.
+        max_memory: with ``device_map``, accelerate's per-device budget (``{0: "20GiB", cpu:
+            "60GiB"}``): what does not fit is offloaded to the CPU, then to disk, and every check,
+            count and layer-by-layer pass reads it there (`models.offloaded_weights`).
+        offload_folder: where disk-offloaded weights go (a fresh folder under the cache when null).
         trust_remote_code: off unless the user asks for it.
         tokenizer: optional tokenizer source when it differs from the model's.
         gguf_file: a GGUF checkpoint to read (a file name inside `name_or_path`, which may then be
@@ -48,6 +52,8 @@ class ModelSpec:
     dtype: str = "float32"
     device: str = "auto"
     device_map: Any = None
+    max_memory: Any = None
+    offload_folder: str | None = None
     trust_remote_code: bool = False
     tokenizer: str | None = None
     gguf_file: str | None = None

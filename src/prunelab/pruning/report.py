@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from prunelab.models.adapter import ModelAdapter
+from prunelab.models.offloaded_weights import has_offloaded_weights, named_weights
 
 
 def zero_count(weight: torch.Tensor) -> int:
@@ -47,7 +48,13 @@ def sparsity_report(adapter: ModelAdapter, layer_targets: list[float] | None) ->
 
 @torch.no_grad()
 def parameter_counts(adapter: ModelAdapter) -> dict[str, int]:
-    """Parameters and nonzero parameters of the whole model (a streamed one a layer at a time)."""
+    """Parameters and nonzero parameters of the whole model (a streamed one a layer at a time;
+    weights accelerate offloaded read from where it keeps them, one at a time)."""
+    if adapter.store is None and has_offloaded_weights(adapter.model):
+        total = nonzero = 0
+        for _, tensor in named_weights(adapter.model):  # tied weights once (named once)
+            total, nonzero = total + tensor.numel(), nonzero + int(torch.count_nonzero(tensor))
+        return {"total": total, "nonzero": nonzero, "decoder_layers": adapter.num_layers}
     total = nonzero = 0
     # Tied weights count once. Weak references, not ids: a streamed model frees the embeddings
     # before reading the head, and a freed tensor's id can be the next one's (counted no more).

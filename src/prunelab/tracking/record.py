@@ -23,7 +23,9 @@ NON_SIGNATURE_KEYS = ("seed", "paths", "tracking", "runtime", "save_model", "hyd
 #: one does, bit for bit (models/streaming.py), so both share a signature and pair in tables; the
 #: efficiency measurement (evaluation.efficiency) adds cost metrics, with their own protocol
 #: stamps, and leaves the model and its quality metrics as they are.
-NON_SIGNATURE_FIELDS = (("model", "streaming"), ("evaluation", "efficiency"))
+#: accelerate's memory budget and offload folder move weights, not values (tests/test_offloaded_weights.py).
+NON_SIGNATURE_FIELDS = (("model", "streaming"), ("model", "max_memory"), ("model", "offload_folder"),
+                        ("evaluation", "efficiency"))
 
 
 #: Keys added after records were written, with the value that computes what those records did:

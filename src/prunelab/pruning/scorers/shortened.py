@@ -40,6 +40,7 @@ class BlockTaylor:
     plus_rule = True
     streamable = True  # streamed: the backward one layer at a time (`backward_by_layer`)
     layer_gradients = True  # holds one layer's weight gradients (the memory estimate)
+    offloadable = False  # back-propagates through the whole model (accelerate-offloaded weights: none)
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
         adapter, model = ctx.loaded.adapter, ctx.loaded.model

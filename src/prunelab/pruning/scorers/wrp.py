@@ -26,6 +26,7 @@ class WeightRedundancy:
     selectors = ("cluster", "lowest")
     plus_rule = False
     streamable = True  # streamed: each layer read once for its writer rows (`writer_row`)
+    offloadable = False  # in memory, every writer's weights are read at once
 
     def __init__(self, form: str = "gram"):
         if form not in FORMS:
