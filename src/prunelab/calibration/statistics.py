@@ -73,6 +73,25 @@ class Hessian:
         self.value += x.T @ x  # [in, in]
 
 
+class GramSum:
+    """ALPS's X^T X: the plain sum over calibration tokens (no 2/n scaling), in float32.
+
+    Added one sequence at a time as the reference does (mazumder-lab/ALPS `ALPS_prune.add_batch`,
+    one sample per forward pass: `inp.matmul(inp.t())` on inp = x^T [in, tokens]), so the sum does
+    not depend on the calibration batch size.
+    """
+
+    def __init__(self, in_features: int, device: torch.device | None = None):
+        self.value = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)  # [in, in]
+        self.num_samples = 0
+
+    def update(self, x: torch.Tensor, num_samples: int) -> None:
+        for sample in x.chunk(num_samples, dim=0):  # each [T, in]
+            inp = sample.t().float()  # [in, T]
+            self.value += inp.matmul(inp.t()).to(self.value.device)
+        self.num_samples += num_samples
+
+
 FLUCTUATION_KINDS = ("fluctuation", "squared_norm")
 
 
