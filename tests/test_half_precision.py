@@ -120,7 +120,7 @@ def test_float32_gradient_sums_are_autograds_grad_accumulation_bit_for_bit():
 
 def test_bfloat16_gradient_sums_are_float32_where_grad_drifts():
     """Twelve batches: `.grad` in bfloat16 rounds the running sum to 8 bits each time (relative
-    error about 1e-2 here); the float32 sums equal float64's sum of the same bfloat16 gradients to
+    error 3.7e-3 here); the float32 sums equal float64's sum of the same bfloat16 gradients to
     float32 rounding."""
     model, data = _mlp_batches(torch.bfloat16, batches=12)
     weights = [model[0].weight, model[2].weight]

@@ -238,7 +238,8 @@ def backward_through(adapter: ModelAdapter, samples: torch.Tensor, batch_size: i
 
 def backward_whole_model(adapter: ModelAdapter, samples: torch.Tensor, batch_size: int,
                          weights_of: Callable[[nn.Module], list[torch.Tensor]], visit: Visit,
-                         per_batch: bool = False, progress: bool = True, desc: str = "dense backward") -> None:
+                         per_batch: bool = False, progress: bool = True,
+                         desc: str = "dense backward") -> None:
     """`backward_through` on a resident model: one forward and backward of the whole model per batch.
 
     Memory: the graph of one batch, the gradients of the weights asked for (float32 sums of them
@@ -276,7 +277,8 @@ def _visit_groups(visit: Visit, groups: list[list[torch.Tensor]], grads: list[to
 
 def backward_by_layer(adapter: ModelAdapter, samples: torch.Tensor, batch_size: int,
                       weights_of: Callable[[nn.Module], list[torch.Tensor]], visit: Visit,
-                      per_batch: bool = False, progress: bool = True, desc: str = "streamed backward") -> None:
+                      per_batch: bool = False, progress: bool = True,
+                      desc: str = "streamed backward") -> None:
     """`backward_through` on a streamed model, one layer in memory.
 
     samples: [N, T] token ids in batches of `batch_size`. For each decoder layer (last to first),
@@ -306,7 +308,8 @@ def backward_by_layer(adapter: ModelAdapter, samples: torch.Tensor, batch_size: 
         with torch.enable_grad(), adapter.outside_in_memory("head"):
             for h, ids in zip(states.pop(), batched(samples, batch_size)):
                 h = h.detach().to(store.device).requires_grad_()
-                scales.append(backward_until_finite(partial(_head_backward, adapter, h, ids), [h], head_scale))
+                run = partial(_head_backward, adapter, h, ids)
+                scales.append(backward_until_finite(run, [h], head_scale))
                 grads.append(keep(h.grad))
         for index in tqdm(reversed(range(adapter.num_layers)), total=adapter.num_layers,
                           desc=f"{desc}: backward", disable=not progress, leave=False):
@@ -319,7 +322,8 @@ def backward_by_layer(adapter: ModelAdapter, samples: torch.Tensor, batch_size: 
                         h = h.detach().to(store.device).requires_grad_(index > 0)  # dL/dh_0 unused
                         leaves = weights + [h] if index > 0 else weights
                         run = partial(_layer_backward, adapter, layer, h, kw, grads[b], scales[b])
-                        scales[b] = backward_until_finite(run, leaves, LossScale(scales[b], head_scale.dynamic))
+                        scale = LossScale(scales[b], head_scale.dynamic)
+                        scales[b] = backward_until_finite(run, leaves, scale)
                         if index > 0:
                             below.append(keep(h.grad))
                         if per_batch:
@@ -341,4 +345,5 @@ def _layer_backward(adapter: ModelAdapter, layer: nn.Module, h: torch.Tensor, la
     """One decoder layer's backward from its input h [B, T, C]: `grad` is carried x dL/dh_{l+1};
     it is sent in as scale x dL/dh_{l+1} (a power-of-two rescale, exact)."""
     grad = grad.to(h.device)
-    adapter.call_layer(layer, h, layer_kwargs).backward(grad if scale == carried else grad * (scale / carried))
+    grad = grad if scale == carried else grad * (scale / carried)
+    adapter.call_layer(layer, h, layer_kwargs).backward(grad)
