@@ -14,6 +14,9 @@ Memory: a full forward and backward of the model plus one gradient per linear we
 the linears themselves); on a streamed model (`model.streaming`) the backward visits one layer at
 a time, with every layer's input kept (`calibration.gradients.backward_by_layer`). The gradients (`DenseStatistics.squared_gradients` in
 `calibration.dense_statistics`) are cached per model and calibration data.
+Half precision: a float16 model's backward is loss-scaled (its small gradients would flush to zero,
+leaving layers at 0), and every squared sum is taken in float64 from float32-unscaled gradients
+(`calibration.gradients`); a float32 model's statistic is unchanged.
 """
 
 from __future__ import annotations

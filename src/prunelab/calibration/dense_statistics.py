@@ -84,10 +84,13 @@ class DenseStatistics:
 
     def squared_gradients(self) -> torch.Tensor:
         """[layers] sum over calibration sequences of the squared LM-loss gradients of each layer's
-        linear weights (one sequence per backward pass)."""
+        linear weights (one sequence per backward pass; a float16 model's loss-scaled, so that
+        small gradients do not flush to zero: `calibration.gradients`)."""
         def compute():
             return squared_weight_gradients(self.adapter, self.ctx.calibration(), self.ctx.progress)
         params = {"loss": "next_token_ce", "per": "sequence"}
+        if next(self.adapter.model.parameters()).dtype == torch.float16:  # earlier values flushed to zero
+            params["loss_scale"] = "dynamic"
         return self.cached("linear_weight_gradient_sq", params, compute)
 
     def _role_pass(self, make_statistic: Callable, desc: str) -> list[dict]:

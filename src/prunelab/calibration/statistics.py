@@ -3,6 +3,10 @@
 Each statistic sees the input of one linear as [tokens, in_features] per batch, together with the
 number of samples in that batch, and keeps a running value over all calibration samples. Methods
 choose the statistic they need (Wanda: squared column norms; SparseGPT: the Hessian 2 X X^T / n).
+Every running value is float32 or wider whatever the model's dtype: a half-precision input is cast
+up before it is squared or summed (FLAP's mean increment alone is computed in the input's dtype,
+as its reference computes it), so a bfloat16 or float16 model's statistics do not accumulate
+rounding in 8 or 11 mantissa bits.
 """
 
 from __future__ import annotations

@@ -13,9 +13,8 @@ The paper's "+" rule (keep blocks 0-3 and the last two) is on by default for the
 
 from __future__ import annotations
 
-from prunelab.calibration.gradients import backward_by_layer, gradients_for, next_token_loss
+from prunelab.calibration.gradients import backward_through
 from prunelab.calibration.hidden_states import calibration_nll, progress_bar
-from prunelab.calibration.runner import batched
 from prunelab.context import PruneContext
 from prunelab.pruning.scorers.base import LayerScores, ScoreRequest
 from prunelab.scoring.layers import taylor_importance, weight_magnitude
@@ -35,6 +34,10 @@ class BlockMagnitude:
 
 
 class BlockTaylor:
+    """Taylor = sum |W * dL/dW|, dL/dW summed over the calibration batches in float32 (a float16
+    model's backward loss-scaled, a bfloat16 model's sums kept out of its `.grad`:
+    `calibration.gradients`); a float32 model's scores are those of plain `.grad` accumulation."""
+
     name = "shortened_taylor"
     selectors = ("lowest", "contiguous")
     plus_rule = True
@@ -43,24 +46,14 @@ class BlockTaylor:
     offloadable = False  # back-propagates through the whole model (accelerate-offloaded weights: none)
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
-        adapter, model = ctx.loaded.adapter, ctx.loaded.model
-        if adapter.streamed:
-            scores = [0.0] * adapter.num_layers
+        adapter = ctx.loaded.adapter
+        scores = [0.0] * adapter.num_layers
 
-            def taylor(index: int, ws: list) -> None:
-                scores[index] = taylor_importance(ws, [w.grad for w in ws])
+        def taylor(index: int, weights: list, grads: list) -> None:
+            scores[index] = taylor_importance(weights, grads)
 
-            backward_by_layer(adapter, ctx.calibration(), ctx.batch_size,
-                              adapter.linear_weights, taylor,
-                              progress=ctx.progress, desc="taylor")
-            return LayerScores(per_layer=scores)
-        weights = [adapter.linear_weights(layer) for layer in adapter.layers]
-        device = model.get_input_embeddings().weight.device
-        with gradients_for(model, (w for ws in weights for w in ws)):
-            batches = batched(ctx.calibration(), ctx.batch_size)
-            for batch in progress_bar(batches, ctx.progress, "taylor"):
-                next_token_loss(model, batch.to(device)).backward()  # batch [B, T]
-            scores = [taylor_importance(ws, [w.grad for w in ws]) for ws in weights]
+        backward_through(adapter, ctx.calibration(), ctx.batch_size, adapter.linear_weights, taylor,
+                         progress=ctx.progress, desc="taylor")
         return LayerScores(per_layer=scores)
 
 
