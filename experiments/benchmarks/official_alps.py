@@ -101,8 +101,8 @@ def measure(repo: Path, settings: list, nsamples: int, seqlen: int, layers: int 
     return pd.DataFrame(rows)
 
 
-NOTES = """How to read it: every linear weight of SmolLM2-135M's 30 decoder layers (106,168,320 entries)
-is compared; `differing entries` counts those pruned by one side only, `max abs dW` is the largest
+NOTES = """How to read it: every linear weight of the layers named in the title is compared (SmolLM2-135M's
+30 layers hold 106,168,320 entries, its first 4 14,155,776); `differing entries` counts those pruned by one side only, `max abs dW` is the largest
 difference between the two sides' weights (ALPS re-fits every kept weight). The official run is the
 repository's own `llama_sequential`, unedited (shims only: `experiments/benchmarks/official_code.py`),
 with rho 0.1 as that function hard-codes it; the prunelab run is `pruning=alps` with the settings shown.
@@ -111,7 +111,8 @@ with rho 0.1 as that function hard-codes it; the prunelab run is `pruning=alps` 
 
 def main() -> None:
     parser = comparison_parser(__doc__.splitlines()[0], "--alps-repo")
-    parser.add_argument("--settings", type=int, default=len(SETTINGS), help="run the first N settings")
+    parser.add_argument("--settings", default=",".join(map(str, range(len(SETTINGS)))),
+                        help="indices of SETTINGS to run, comma-separated (all by default)")
     parser.add_argument("--layers", type=int, default=None, help="compare the first N decoder layers only")
     args = parser.parse_args()
     csv = args.out / "official_alps.csv"
@@ -120,8 +121,8 @@ def main() -> None:
         header = header.replace("all 30 layers", f"the first {args.layers} of 30 layers")
     if not args.render_only:
         torch.set_num_threads(args.threads)
-        measure(args.alps_repo, SETTINGS[:args.settings], args.nsamples, args.seqlen, args.layers).to_csv(
-            csv, index=False)
+        chosen = [SETTINGS[int(i)] for i in args.settings.split(",")]
+        measure(args.alps_repo, chosen, args.nsamples, args.seqlen, args.layers).to_csv(csv, index=False)
     table = pd.read_csv(csv)
     table["max_abs_dW"] = table["max_abs_dW"].map(lambda d: f"{d:.3g}")
     (args.out / "official_alps.md").write_text(render_mask_table(table, COLUMNS, header, NOTES))
