@@ -50,13 +50,15 @@ def parser() -> argparse.ArgumentParser:
 
 def chosen_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"prunelab-gpu-check: --device {name}, but this torch ({torch.__version__}) sees no "
                          "CUDA GPU; --device cpu runs the CPU version of the checks")
     if device.type not in ("cuda", "cpu"):
         raise SystemExit(f"prunelab-gpu-check: --device {name}: use auto, cuda, cuda:N or cpu")
+    if device.type == "cuda" and device.index is None:  # the cap's setter and the rows name the card
+        device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 

@@ -32,17 +32,18 @@ def memory_limit(device: torch.device, nbytes: int) -> Iterator[tuple[int | None
     MemoryRequest's budget_bytes, the limit in words). On a GPU: the allocator's cap, lifted on exit
     (budget None: the planner reads the cap); on the CPU: a run budget, not enforced."""
     if device.type == "cuda":
-        cap = torch.cuda.memory_reserved(device) + nbytes
-        total = torch.cuda.mem_get_info(device)[1]
+        index = torch.cuda.current_device() if device.index is None else device.index  # the setter needs one
+        cap = torch.cuda.memory_reserved(index) + nbytes
+        total = torch.cuda.mem_get_info(index)[1]
         fraction = min(1.0, cap / total)
-        torch.cuda.set_per_process_memory_fraction(fraction, device)
+        torch.cuda.set_per_process_memory_fraction(fraction, index)
         try:
             if cuda_memory_cap(device) is None:
                 raise NotApplicable(f"this torch ({torch.__version__}) cannot report the process's memory fraction "
                                     "(torch.cuda.get_per_process_memory_fraction): the planner cannot see a cap")
             yield None, f"a GPU memory cap of {gib(cap)} (set_per_process_memory_fraction({fraction:.4f}))"
         finally:
-            torch.cuda.set_per_process_memory_fraction(1.0, device)
+            torch.cuda.set_per_process_memory_fraction(1.0, index)
     else:
         budget = private_memory() + nbytes
         yield budget, (f"a host memory budget of {gib(budget)} (runtime.memory_budget_gb: planned against, "

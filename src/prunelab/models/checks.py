@@ -80,10 +80,11 @@ def cuda_memory_cap(device: torch.device) -> int | None:
     None. The cap is the process's own limit, which `mem_get_info` (the whole device's free memory)
     does not see: a plan against the device alone would run into the allocator's out-of-memory error."""
     try:
-        fraction = torch.cuda.get_per_process_memory_fraction(device)  # not in every torch
+        index = torch.cuda.current_device() if device.index is None else device.index  # "cuda" has none
+        fraction = torch.cuda.get_per_process_memory_fraction(index)  # not in every torch
         if not 0.0 < fraction < 1.0:  # 1.0: no cap set
             return None
-        return int(fraction * torch.cuda.mem_get_info(device)[1])
+        return int(fraction * torch.cuda.mem_get_info(index)[1])
     except Exception:  # an older torch, or no CUDA: no cap can be told
         return None
 
