@@ -78,3 +78,28 @@ def test_the_shipped_shapes_are_llama_2_7b_and_a_1b_and_shrink_for_the_cpu():
     small = shape("tinyllama_1b", shrunk=True)
     assert small.name == "tinyllama_1b (shrunk)" and small.config().vocab_size == 32000
     assert small.config().num_hidden_layers < shape("tinyllama_1b").config().num_hidden_layers
+
+
+def test_the_gpu_memory_cap_is_set_seen_by_the_planner_and_lifted(monkeypatch):
+    """Check (c)'s and (d)'s limit on a GPU, with torch.cuda's allocator functions standing in."""
+    from prunelab.gpu_check.memory_checks import memory_limit
+    from prunelab.models.checks import free_bytes
+
+    gib = 1024**3
+    fractions = [1.0]
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 1 * gib)  # held already
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * gib, 24 * gib))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device=None: fractions.append(fraction))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: fractions[-1])
+    gpu = torch.device("cuda", 0)
+    with memory_limit(gpu, 5 * gib) as (budget, words):
+        assert budget is None and "a GPU memory cap of 6.00 GiB" in words  # 1 held + 5 allowed
+        assert fractions[-1] == 0.25 and free_bytes(gpu) == 5 * gib  # what the planner plans with
+    assert fractions[-1] == 1.0 and free_bytes(gpu) == 20 * gib  # lifted
+
+
+def test_asking_for_cuda_where_torch_sees_none_is_one_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="sees no CUDA GPU; --device cpu runs the CPU version"):
+        main(["--device", "cuda"])
