@@ -79,6 +79,7 @@ def run_cli(argv: list[str] | None = None) -> int:
     letters = [letter for letter in CHECKS if letter in args.checks]
     families = chosen_families(args.families)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_library_progress_bars()
     sizes = sizes_for(device, args.quick)
     start = time.perf_counter()
     rows = []
@@ -106,3 +107,10 @@ def rows_of(letter: str, ctx: CheckContext) -> list[Row]:
         return check(ctx)
     except Exception as err:
         return [Row(f"{letter}: {words}", "failed", None, None, one_line(err))]
+
+
+def quiet_library_progress_bars() -> None:
+    """transformers' weight-loading and shard-writing bars would break the one progress line per row."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
