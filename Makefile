@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-cluster test-gpu test-all wheel-check notebook study by-model clean-venv
+.PHONY: setup run test test-cluster test-gpu test-all wheel-check gpu-check gpu-bundle notebook study by-model clean-venv
 STUDY ?=
 
 $(STAMP): pyproject.toml Makefile
@@ -42,6 +42,16 @@ test-gpu: setup
 ## The wheel in a fresh venv, run from an empty folder: --help, a short run, the README snippet
 wheel-check: setup
 	bash .ci/wheel_check.sh
+
+## Check this node: every method family, the GPU against the CPU, streaming under a memory cap,
+## bfloat16, Wanda and SparseGPT on a LLaMA-2-7B shape (ARGS="--device cpu --quick": the CI version)
+gpu-check: setup
+	$(VENV)/bin/prunelab-gpu-check $(ARGS)
+
+## A wheelhouse for an air-gapped GPU node (CPython 3.12, x86-64, torch, transformers and accelerate
+## installed there): prunelab's wheel and what the node lacks, under 64 MiB, in dist/gpu-bundle/
+gpu-bundle: setup
+	$(PY) scripts/gpu_bundle.py --out dist/gpu-bundle
 
 ## Execute the results notebook on the committed results (output to a temporary file)
 notebook: setup

@@ -11,7 +11,8 @@ trap 'rm -rf "$work"' EXIT
 "$repo/.venv/bin/python" -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" "$repo"
 wheel=$(ls "$work"/dist/prunelab-*.whl)
 "$repo/.venv/bin/python" -c "import sys, zipfile; names = zipfile.ZipFile(sys.argv[1]).namelist(); \
-assert 'prunelab/conf/config.yaml' in names and 'prunelab/conf/model/smollm2_135m.yaml' in names, 'the wheel lacks the packaged configs'" "$wheel"
+assert 'prunelab/conf/config.yaml' in names and 'prunelab/conf/model/smollm2_135m.yaml' in names, 'the wheel lacks the packaged configs'; \
+assert 'prunelab/gpu_check/shapes/llama2_7b.json' in names, 'the wheel lacks the GPU check\'s shapes'" "$wheel"
 
 "$PYTHON" -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install --quiet "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
@@ -21,6 +22,7 @@ assert 'prunelab/conf/config.yaml' in names and 'prunelab/conf/model/smollm2_135
 mkdir "$work/empty" && cd "$work/empty"
 export WANDB_MODE=offline PRUNELAB_CACHE="$work/cache"
 "$work/venv/bin/prunelab" --help > help.txt && grep -q "prunelab aggregate" help.txt
+"$work/venv/bin/prunelab-gpu-check" --help > gpu_help.txt && grep -q "(f) Wanda and SparseGPT" gpu_help.txt
 "$work/venv/bin/prunelab" install-data --dry-run > data.txt && grep -q -- "--no-deps" data.txt
 "$work/venv/bin/prunelab" evaluation=ppl runtime.progress=false tracking.dir=. 2>&1 | tail -n 2
 test -n "$(ls records/*/seed0/result.json)"

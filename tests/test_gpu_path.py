@@ -131,6 +131,23 @@ def test_a_model_the_gpu_cannot_hold_is_refused_in_one_line_naming_both_numbers(
     assert "model.streaming=true" in message  # and what would fit
 
 
+def test_a_memory_cap_of_this_process_is_planned_against_like_a_smaller_gpu(monkeypatch):
+    """Under `torch.cuda.set_per_process_memory_fraction` the allocator refuses what the cap does not
+    leave, though `mem_get_info` still reports the whole card free: the plan must see the cap."""
+    from prunelab.errors import ModelCheckError
+    from prunelab.models.checks import free_bytes
+
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 0.25)  # 6 of 24 GiB
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 1 * GIB)  # held by this process
+    mode, record = plan(monkeypatch, "auto", gpu_free_gib=23.5)
+    assert mode == "streamed" and record["budget_bytes"] == 5 * GIB
+    assert "set_per_process_memory_fraction" in record["budget_from"] and "6.00 GiB" in record["budget_from"]
+    with pytest.raises(ModelCheckError, match=r"the budget is 5.00 GiB .*set_per_process_memory_fraction"):
+        plan(monkeypatch, False, gpu_free_gib=23.5)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 1.0)  # no cap
+    assert free_bytes(torch.device("cuda", 0)) == int(23.5 * GIB)
+
+
 def test_activations_the_gpu_cannot_hold_go_to_the_host_then_to_disk(monkeypatch):
     tokens = 1024 * 2048  # 2 x 20 GiB of float16 hidden states: not beside a layer on the card
     mode, record = plan(monkeypatch, "auto", gpu_free_gib=23.5, tokens=tokens)

@@ -1,6 +1,7 @@
 """Every method family once on each device (`device` fixture: the CPU here, CUDA on a GPU node with
 `make test-gpu`): it runs where its model is, leaves every tensor there, and on CUDA gives what the
-CPU gives (masks up to a few rounding-level flips, the same removed layers)."""
+CPU gives (masks up to a few rounding-level flips, the same removed layers and kept units). The
+families are `prunelab.gpu_check.families`, the list `prunelab-gpu-check` runs too."""
 
 from __future__ import annotations
 
@@ -12,22 +13,7 @@ from tiny import VOCAB
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import prunelab
-
-METHODS = {  # family -> prunelab.prune keywords
-    "magnitude 2:4": dict(method="magnitude", sparsity=0.5, sparsity_type="2:4"),
-    "wanda": dict(method="wanda", sparsity=0.5),
-    "sparsegpt": dict(method="sparsegpt", sparsity=0.5),
-    "wanda + owl": dict(method="wanda", sparsity=0.5, allocation="owl"),
-    "wanda + pals": dict(method="wanda", sparsity=0.5, allocation="pals"),
-    "wanda + alpha": dict(method="wanda", sparsity=0.5, allocation="alpha"),
-    "wanda + gradient": dict(method="wanda", sparsity=0.5, allocation="gradient"),
-    "depth: block influence + ghosted": dict(method="depth", scorer="block_influence", num_layers=1,
-                                             recovery="ghosted"),
-    "depth: sleb": dict(method="depth", scorer="sleb", num_layers=1),
-    "depth: angular + replaceme": dict(method="depth", scorer="angular", num_layers=1, recovery="replaceme",
-                                        protect_first=1),
-    "depth: wrp + linear_patch_r": dict(method="depth", scorer="wrp", num_layers=1, recovery="linear_patch_r"),
-}
+from prunelab.gpu_check.families import METHOD_FAMILIES as METHODS  # shared with prunelab-gpu-check
 
 
 def pruned(path, device: torch.device, options: dict):
@@ -49,6 +35,8 @@ def test_each_method_family_runs_on_the_device_of_its_model(family, device, tiny
         return
     reference, expected = pruned(tiny_model_dirs["llama"], torch.device("cpu"), METHODS[family])
     assert report["pruning"].get("removed_layers") == expected["pruning"].get("removed_layers")
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    assert shapes == [tuple(q.shape) for q in reference.parameters()], "width pruning kept other units than on the CPU"
     flips = sum(int(((p == 0).cpu() != (q == 0)).sum()) for p, q in zip(model.parameters(), reference.parameters()))
     total = sum(p.numel() for p in reference.parameters())
     assert flips <= 1e-3 * total, f"{flips} of {total} mask entries differ from the CPU run"

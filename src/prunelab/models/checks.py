@@ -74,10 +74,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cuda_memory_cap(device: torch.device) -> int | None:
+    """Bytes this process may hold on a CUDA device when it has capped its allocator
+    (`torch.cuda.set_per_process_memory_fraction`: the fraction times the device's memory), else
+    None. The cap is the process's own limit, which `mem_get_info` (the whole device's free memory)
+    does not see: a plan against the device alone would run into the allocator's out-of-memory error."""
+    try:
+        index = torch.cuda.current_device() if device.index is None else device.index  # "cuda" has none
+        fraction = torch.cuda.get_per_process_memory_fraction(index)  # not in every torch
+        if not 0.0 < fraction < 1.0:  # 1.0: no cap set
+            return None
+        return int(fraction * torch.cuda.mem_get_info(index)[1])
+    except Exception:  # an older torch, or no CUDA: no cap can be told
+        return None
+
+
 def free_bytes(device: torch.device) -> int | None:
-    """Free memory of the device in bytes, or None when it cannot be told."""
+    """Free memory of the device in bytes, or None when it cannot be told. On a GPU, the device's
+    free memory or, under this process's allocator cap (`cuda_memory_cap`), what the cap leaves
+    beside the memory the allocator holds, whichever is less."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        free = torch.cuda.mem_get_info(device)[0]
+        cap = cuda_memory_cap(device)
+        return free if cap is None else max(0, min(free, cap - torch.cuda.memory_reserved(device)))
     if device.type == "cpu":
         try:
             with open("/proc/meminfo") as handle:

@@ -23,10 +23,11 @@ from prunelab.models.adapter import ModelAdapter
 from prunelab.models.architectures import architecture_for
 from prunelab.models.boundary_operators import apply_saved_boundary_operators
 from prunelab.models.checks import (
-    SKIP_MEMORY_CHECK, check_finite, check_loaded_weights, check_memory, free_bytes, guarded,
+    SKIP_MEMORY_CHECK, check_finite, check_loaded_weights, check_memory, cuda_memory_cap, free_bytes,
+    guarded,
 )
 from prunelab.models.memory import (
-    check_disk, choose_mode, default_state_bytes, detected_budget, estimate, streamed_disk_bytes,
+    check_disk, choose_mode, default_state_bytes, detected_budget, estimate, gib, streamed_disk_bytes,
 )
 from prunelab.models.identity import identity_digest, weight_file_hashes
 from prunelab.models.spec import ModelSpec
@@ -120,11 +121,15 @@ def choose_memory_mode(spec: ModelSpec, config, memory: MemoryRequest | None,
 
 def _gpu_memory_mode(spec: ModelSpec, memory: MemoryRequest, need, host: tuple[int | None, str],
                      device: torch.device, skip: bool) -> tuple[str, dict]:
-    """`choose_memory_mode` for a model on one GPU: the device's part against its free memory, the
-    host's part (the process, and the activations when the GPU cannot hold them) against the host."""
+    """`choose_memory_mode` for a model on one GPU: the device's part against its free memory (what
+    the process's allocator cap leaves, when one is set: `cuda_memory_cap`), the host's
+    part (the process, and the activations when the GPU cannot hold them) against the host."""
     free = free_bytes(device)
     gpu_budget = None if skip and spec.streaming != "auto" else free
-    gpu_origin = f"the free memory of {device} (torch.cuda.mem_get_info)"
+    cap = cuda_memory_cap(device)
+    gpu_origin = (f"the free memory of {device} (torch.cuda.mem_get_info)" if cap is None else
+                  f"what this process's cap of {gib(cap)} on {device} leaves free "
+                  "(torch.cuda.set_per_process_memory_fraction)")
     on_gpu = dataclasses.replace(need, baseline=0)  # the process's own memory is the host's
     mode, spill = choose_mode(spec.streaming, on_gpu, gpu_budget, gpu_origin)
     host_budget, host_origin = host
