@@ -90,7 +90,7 @@ def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: fl
     Args:
         model, tokenizer: any supported architecture (Llama, Mistral, Qwen2/3, GPT-NeoX, OPT),
             on the device it should compute on.
-        method: a `pruning=` option: wanda, sparsegpt, magnitude, ria, depth, dense, or a width
+        method: a `pruning=` option: wanda, sparsegpt, magnitude, ria, alps, depth, dense, or a width
             method that cuts heads and MLP channels out of the modules: flap, wanda_sp,
             magnitude_sp (`ratio=0.2`, the reference's, or `params_removed=0.2`, the fraction of
             the model's parameters to remove); or slicegpt, which rotates and slices the hidden

@@ -20,6 +20,7 @@ METHOD_FAMILIES: dict[str, dict[str, Any]] = {  # family -> prunelab.prune keywo
     "sparsegpt 2:4": dict(method="sparsegpt", sparsity=0.5, sparsity_type="2:4"),
     "ria": dict(method="ria", sparsity=0.5),
     "wanda + dsnot": dict(method="wanda", sparsity=0.5, refine="dsnot"),
+    "alps": dict(method="alps", sparsity=0.7),
     # layer-wise allocation
     "wanda + owl": dict(method="wanda", sparsity=0.5, allocation="owl"),
     "wanda + pals": dict(method="wanda", sparsity=0.5, allocation="pals"),
