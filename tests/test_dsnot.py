@@ -13,7 +13,7 @@ import prunelab
 from prunelab.calibration.statistics import InputMoments
 from prunelab.config import build, compose_config
 from prunelab.errors import ConfigError
-from prunelab.pruning.dsnot import DSnoT, dsnot_refine_mask, sign_split_order
+from prunelab.pruning.dsnot import DSnoT, dsnot_refine_mask, dsnot_refine_nm_mask, sign_split_order
 from prunelab.pruning.wanda import Wanda
 
 ONES = torch.ones(4)
@@ -106,15 +106,18 @@ def test_bad_settings_are_one_line(settings, words):
     assert "\n" not in str(err.value)
 
 
-def test_a_refinement_needs_a_method_with_an_unstructured_mask():
+def test_a_refinement_needs_a_method_with_a_mask_it_can_follow():
     for method in ("depth", "dense"):
         with pytest.raises(ConfigError, match="refines a weight mask") as err:
             compose_config([f"pruning={method}", "pruning/refine=dsnot"])
         assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="select it with pruning/refine=dsnot"):
         compose_config(["pruning=wanda", "pruning.refine=dsnot"])
-    with pytest.raises(ConfigError, match="unstructured"):
-        Wanda(sparsity_type="2:4", refine=DSnoT())
+    Wanda(sparsity_type="2:4", refine=DSnoT())  # the reference's N:M loop: Wanda and magnitude
+    with pytest.raises(ConfigError, match="2:4 masks of wanda or magnitude .*not of ria") as err:
+        build(compose_config(["pruning=ria", "pruning.sparsity_type=2:4", "pruning/refine=dsnot"]).pruning,
+              "pruning")
+    assert "\n" not in str(err.value)
     for method in ("wanda", "ria", "sparsegpt", "magnitude"):
         built = build(compose_config([f"pruning={method}", "pruning/refine=dsnot"]).pruning, "pruning")
         assert isinstance(built.refine, DSnoT) and built.labels()["refine"] == "dsnot"
@@ -143,3 +146,37 @@ def test_the_api_refuses_a_refinement_of_depth_pruning(llama):
     model, tokenizer = llama
     with pytest.raises(ConfigError, match="refines a weight mask"):
         prunelab.prune(model, tokenizer, method="depth", refine="dsnot", calibration=torch.zeros(2, 8).long())
+
+
+def test_the_n_m_loop_swaps_inside_the_grown_weights_group_and_keeps_n_of_m():
+    """One row, 2:4 over 8 inputs. Pruned: 0, 1 (group 0) and 4, 5 (group 1); their effects W mu sum
+    to e = 1.0 + 0.5 + 0.25 - 2.0 = -0.25 < 0, so the most negative pruned effect (input 5) grows and
+    the kept weight of lowest score in its group (input 7, score 0.1) is pruned: e = -0.25 + 2.0 +
+    0.3 = 2.05, a sign flip, which stops the row (the N:M loop always tests the sign)."""
+    weight = torch.tensor([[1.0, 0.5, 3.0, 4.0, 0.25, -2.0, 5.0, 0.3]])
+    mask = torch.tensor([[True, True, False, False, True, True, False, False]])
+    ones = torch.ones(8)
+    score = torch.tensor([[9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 1.0, 0.1]])
+    refined, cycles, swaps = dsnot_refine_nm_mask(weight, mask, score, ones, ones, m=4, update_threshold=0.1)
+    assert (refined == mask).all() and swaps == 0 and cycles == 1  # the flip: no swap
+    weight[0, 7] = -1.8  # now e after = -0.25 + 2.0 - 1.8 = -0.05: same sign, |e| = 0.25 > 0.1 -> swap
+    refined, cycles, swaps = dsnot_refine_nm_mask(weight, mask, score, ones, ones, m=4, update_threshold=0.1)
+    assert refined[0, 5].item() is False and refined[0, 7].item() is True and swaps == 1
+    # cycle 2: |e| = 0.05 stops the row, and, as in the reference, its grow candidate is written
+    # "pruned": here the front pointer has run past the one negative pruned weight into the kept
+    # weights (grow metric 0), so kept input 2 is pruned. Rows of real width never get there (50
+    # cycles against ~in/4 pruned weights on each side).
+    assert refined.tolist() == [[True, True, True, False, True, False, False, True]] and cycles == 2
+
+
+def test_on_wide_rows_the_n_m_loop_keeps_n_of_every_m():
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(16, 512, generator=generator)  # [out, in]
+    mean, variance = torch.randn(512, generator=generator), torch.rand(512, generator=generator) + 0.5
+    score = weight.abs() * torch.rand(512, generator=generator)  # [out, in]
+    groups = score.reshape(16, -1, 4)
+    mask = torch.zeros_like(groups, dtype=torch.bool).scatter(2, groups.topk(2, dim=2, largest=False).indices, True)
+    mask = mask.reshape(16, 512)
+    refined, cycles, swaps = dsnot_refine_nm_mask(weight, mask, score, mean, variance, m=4, update_threshold=0.01)
+    assert swaps > 0 and (refined != mask).any() and cycles <= 50
+    assert (refined.reshape(16, -1, 4).sum(-1) == 2).all()

@@ -48,6 +48,7 @@ SETTINGS = [
     ("--initial_method wanda", "wanda", {}, {}),  # the README command
     ("--initial_method magnitude", "magnitude", {"group": "row", "ties": "exact"}, {}),
     ("--initial_method wanda", "wanda", {}, {"skip": "none"}),  # not the reference: must differ
+    ("--initial_method wanda --sparsity_type 2:4", "wanda", {"sparsity_type": "2:4"}, {}),  # the N:M loop
 ]
 COLUMNS = {"official": "official switches", "setting": "prunelab", "differing_entries": "differing entries",
            "total_entries": "total entries", "layers_with_differences": "layers with differences",
@@ -58,8 +59,9 @@ COLUMNS = {"official": "official switches", "setting": "prunelab", "differing_en
 def official_args(switches: str, nsamples: int) -> types.SimpleNamespace:
     """main.py's arguments for the README command with these switches (its defaults otherwise)."""
     words = switches.split()
+    sparsity_type = words[words.index("--sparsity_type") + 1] if "--sparsity_type" in words else "unstructured"
     return types.SimpleNamespace(
-        model="smollm2-llama", seed=0, nsamples=nsamples, sparsity_ratio=0.5, sparsity_type="unstructured",
+        model="smollm2-llama", seed=0, nsamples=nsamples, sparsity_ratio=0.5, sparsity_type=sparsity_type,
         prune_method="DSnoT", initial_method=words[words.index("--initial_method") + 1],
         max_cycle_time=50, without_DSnoT=False, update_threshold=0.1, pow_of_var_regrowing=1.0,
         pow_of_var_pruning=1.0, skip_layer="mlp", skip_sub_layer="no_skip", without_same_sign=True,
@@ -75,7 +77,8 @@ def run_official(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches
             from lib.prune import prune_DSnoT  # noqa: PLC0415  (imported inside the shims: its lib.data)
 
             start = time.perf_counter()
-            prune_DSnoT(args, model, tokenizer, torch.device("cpu"), prune_n=0, prune_m=0)
+            n, m = (0, 0) if args.sparsity_type == "unstructured" else map(int, args.sparsity_type.split(":"))
+            prune_DSnoT(args, model, tokenizer, torch.device("cpu"), prune_n=n, prune_m=m)
             return time.perf_counter() - start
 
 
@@ -103,7 +106,8 @@ def measure(repo: Path, settings: list, nsamples: int, seqlen: int, csv: Path) -
         seconds = run_prunelab(ours, method, token_ids)
         setting = label(base, base_settings, refine_settings)
         result = compare_weights(layer_weights(ours.model), official_weights, method=f"{base}+dsnot",
-                                 sparsity=0.5, sparsity_type="unstructured", setting=setting,
+                                 sparsity=0.5, sparsity_type=base_settings.get("sparsity_type", "unstructured"),
+                                 setting=setting,
                                  seconds_prunelab=seconds, seconds_oracle=seconds_official)
         del ours
         rows.append({**result.row(), "official": switches, "setting": setting,
@@ -122,19 +126,30 @@ its README runs it (`--prune_method DSnoT --sparsity_ratio 0.5 --sparsity_type u
 (`--skip_layer mlp`, `--without_same_sign` on); the prunelab run is the base method with
 `pruning/refine=dsnot` and the settings shown. `swaps` counts the (row, cycle) pairs where prunelab
 pruned one weight and grew another (over the refined attention linears). The last row refines the MLP
-too (`skip=none`), which the official default does not: it must differ. The official
+too (`skip=none`), which the official default does not: it must differ. The 2:4 row is the official
+N:M loop (`--sparsity_type 2:4`: the weight to prune is the kept one of lowest Wanda score in the
+grown weight's group of 4, and the sign test always applies). The official
 `--initial_method sparsegpt` is not compared: its wrapper never accumulates the Hessian, so its
 "SparseGPT" mask is the first half of every row's columns (see src/prunelab/pruning/dsnot.py).
 """
 
 
 def main() -> None:
-    args = comparison_parser(__doc__.splitlines()[0], "--dsnot-repo").parse_args()
+    parser = comparison_parser(__doc__.splitlines()[0], "--dsnot-repo")
+    parser.add_argument("--settings", default=None,
+                        help="indices of SETTINGS to run, comma-separated; their rows replace or join the table's")
+    args = parser.parse_args()
     csv = args.out / "official_dsnot.csv"
-    header = comparison_header("prunelab's DSnoT against the official code", args, ", 50% unstructured")
+    header = comparison_header("prunelab's DSnoT against the official code", args, ", 50% (unstructured and 2:4)")
     if not args.render_only:
         torch.set_num_threads(args.threads)
-        measure(args.dsnot_repo, SETTINGS, args.nsamples, args.seqlen, csv)
+        chosen = SETTINGS if args.settings is None else [SETTINGS[int(i)] for i in args.settings.split(",")]
+        earlier = pd.read_csv(csv) if args.settings is not None and csv.exists() else None
+        table = measure(args.dsnot_repo, chosen, args.nsamples, args.seqlen, csv)
+        if earlier is not None:
+            kept = earlier[~earlier.set_index(["official", "setting"]).index.isin(
+                table.set_index(["official", "setting"]).index)]
+            pd.concat([kept, table]).to_csv(csv, index=False)
     table = render_mask_table(pd.read_csv(csv), COLUMNS, header, NOTES,
                               ("differing entries", "total entries", "swaps (prunelab)"))
     (args.out / "official_dsnot.md").write_text(table)

@@ -33,7 +33,9 @@ column looks dead, the initial mask is the first half of the columns, weights ar
 run on SmolLM2's first two layers, its unrefined MLP zeros are every row's first half and the dense
 model's own zeros), so SparseGPT + DSnoT exists only here: DSnoT over prunelab's real SparseGPT,
 the refinement computed from the dense weights; a weight it grows gets its dense value back, a
-weight it prunes is zeroed, the others keep SparseGPT's update. Its N:M loop is not provided (one-line error). Masks with a
+weight it prunes is zeroed, the others keep SparseGPT's update. The reference's N:M loop
+(`dsnot_refine_nm_mask`) refines Wanda's and magnitude's N:M masks, its N:M initial methods; other
+bases are one line. Unstructured masks with a
 varying count per row (magnitude's and RIA's per-matrix threshold, SparseGPT's blocks) are refined
 by the same rule, each row over its own kept and pruned weights. Beyond the reference: a row whose
 candidate list runs out (fewer kept or pruned weights than cycles; the reference fails on the
@@ -52,9 +54,11 @@ from torch import nn
 from prunelab.calibration.passes import role_readers
 from prunelab.calibration.statistics import InputMoments, collect_linear_inputs
 from prunelab.errors import ConfigError
+from prunelab.pruning.masks import parse_sparsity_type
 from prunelab.scoring.weights import wanda_scores
 
 SKIPS = {"none": (), "mlp": ("mlp_in", "mlp_out"), "attention": ("attn_in", "attn_out")}
+NM_BASES = ("wanda", "magnitude")  # the reference's N:M loop prunes by these bases' scores
 
 
 def sign_split_order(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -136,6 +140,71 @@ def dsnot_refine_mask(weight: torch.Tensor, mask: torch.Tensor, input_sq_norm: t
     return mask, cycles, swaps
 
 
+def sorted_nm_mask(score: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """The N:M mask (True = pruned) the reference's DSnoT starts its N:M loop from: per block of M
+    columns, the first N of `torch.sort` (not `topk`, as the base methods choose it: with tied scores
+    the two can keep different weights). score: [out, in] -> [out, in]."""
+    mask = torch.zeros_like(score, dtype=torch.bool)
+    for start in range(0, score.shape[1], m):
+        order = torch.sort(score[:, start:start + m], dim=1)[1] + start  # [out, M]
+        mask.scatter_(1, order[:, :n], True)
+    return mask
+
+
+@torch.no_grad()
+def dsnot_refine_nm_mask(weight: torch.Tensor, mask: torch.Tensor, prune_metric: torch.Tensor,
+                         input_sum_mean: torch.Tensor, input_variance: torch.Tensor, m: int,
+                         max_cycles: int = 50, update_threshold: float = 0.1, pow_of_var: float = 1.0
+                         ) -> tuple[torch.Tensor, int, int]:
+    """DSnoT's N:M refinement of one linear's mask (True = pruned); returns (mask, cycles, swaps).
+
+    The reference's N:M loop (`prune_DSnoT`, `prune_n != 0`): the weight to grow is chosen as in the
+    unstructured loop (from the front or back of the pruned weights ordered by W_ij mu_j / var_j ** p,
+    by the sign of e_i), the weight to prune is the kept one of lowest `prune_metric` (the base
+    method's score: Wanda's |W| ||X||, or |W|) in the grown weight's own group of M inputs, so every
+    group keeps its N:M count. Unlike the unstructured loop, a row also stops when the swap would flip
+    the sign of e_i (the sign test is not a switch here). As in the reference, every cycle moves the
+    row's grow pointer and retires its prune candidate (score set to +inf), swapped or not.
+    weight, mask, prune_metric: [out, in]; input_sum_mean, input_variance: [in].
+    """
+    in_features = weight.shape[1]
+    mask = mask.clone()
+    effect = weight.float() * input_sum_mean.reshape(1, -1)  # [out, in] W_ij mu_j
+    grow_metric = effect.masked_fill(~mask, 0)  # [out, in]
+    error = torch.sum(grow_metric, dim=1, keepdim=True)  # [out, 1]
+    initial_sign = torch.sign(error)  # [out, 1]
+    if pow_of_var:
+        grow_metric /= torch.pow(input_variance.reshape(1, -1), pow_of_var)
+    grow_order = torch.sort(grow_metric, dim=1, stable=True)[1]  # [out, in] ascending
+    score = prune_metric.float().masked_fill(mask, float("inf"))  # [out, in] pruned ones never chosen
+    retired = score.max(dim=1, keepdim=True)[0] + 1  # [out, 1] (+inf as soon as a row has a pruned weight)
+    steps = torch.tensor([[1, -1]], device=weight.device).expand(weight.shape[0], 2)  # [out, 2]
+    grow_pointers = torch.tensor([[0, in_features - 1]], device=weight.device).repeat(weight.shape[0], 1)
+    offsets = torch.arange(m, device=weight.device).reshape(1, -1)  # [1, M]
+    active = torch.ones_like(error, dtype=torch.bool)  # [out, 1]
+    cycles = swaps = 0
+    while bool(active.any()) and cycles < max_cycles:
+        cycles += 1
+        grow_at = step_ends(grow_pointers, (error > 0).long(), steps)  # [out, 1]
+        exhausted = (grow_at < 0) | (grow_at >= in_features)  # a narrow row's list ran out: it stops
+        grow = grow_order.gather(1, grow_at.clamp(0, in_features - 1))  # [out, 1]
+        grow_effect = effect.gather(1, grow)  # [out, 1]
+        start = grow - grow % m  # [out, 1] the grown weight's group
+        group = offsets + start  # [out, M]
+        prune = score.gather(1, group).topk(1, dim=1, largest=False)[1] + start  # [out, 1]
+        prune_effect = effect.gather(1, prune)  # [out, 1]
+        after = error + prune_effect - grow_effect  # [out, 1]
+        active = active & (initial_sign == torch.sign(after)) & (torch.abs(error) > update_threshold)
+        active = active & ~exhausted
+        score.scatter_(1, prune, torch.where(exhausted, score.gather(1, prune), retired))
+        mask.scatter_(1, prune, torch.where(exhausted, mask.gather(1, prune), active))
+        mask.scatter_(1, grow, torch.where(exhausted, mask.gather(1, grow), ~active))
+        error += torch.where(active, prune_effect, torch.zeros_like(prune_effect))
+        error -= torch.where(active, grow_effect, torch.zeros_like(grow_effect))
+        swaps += int(active.sum())
+    return mask, cycles, swaps
+
+
 class DSnoT:
     """The refinement step a weight-pruning method runs on each linear's mask (module doc)."""
 
@@ -162,10 +231,13 @@ class DSnoT:
         self.work = {}
 
     def check_base(self, method: str, sparsity_type: str) -> None:
-        """One line for a base the refinement cannot follow."""
-        if sparsity_type != "unstructured":
-            raise ConfigError(f"pruning/refine=dsnot refines unstructured masks; {method} with "
-                              f"sparsity_type={sparsity_type} is not provided (DSnoT's N:M loop)")
+        """One line for a base the refinement cannot follow; N:M remembers the base's score (the
+        reference's N:M loop prunes by it) and the group size."""
+        self.nm = parse_sparsity_type(sparsity_type)
+        self.base = method
+        if self.nm is not None and method not in NM_BASES:
+            raise ConfigError(f"pruning/refine=dsnot refines {sparsity_type} masks of {' or '.join(NM_BASES)} "
+                              f"(the reference's N:M initial methods), not of {method}")
 
     def statistic(self, in_features: int, device: torch.device | None = None) -> InputMoments:
         return InputMoments(in_features, device)
@@ -176,9 +248,16 @@ class DSnoT:
         its cycles and swaps kept for the report."""
         if role in SKIPS[self.skip]:
             return mask
-        refined, cycles, swaps = dsnot_refine_mask(
-            weight, mask, moments.sq_norm, moments.sum_mean, moments.variance, self.max_cycles,
-            self.update_threshold, self.pow_of_var, self.same_sign)
+        if getattr(self, "nm", None) is not None:  # the base's own score picks the weight to prune
+            score = wanda_scores(weight, moments.sq_norm) if self.base == "wanda" else weight.abs()
+            mask = sorted_nm_mask(score, *self.nm)  # the reference re-chooses it: its ties may fall otherwise
+            refined, cycles, swaps = dsnot_refine_nm_mask(
+                weight, mask, score, moments.sum_mean, moments.variance, self.nm[1], self.max_cycles,
+                self.update_threshold, self.pow_of_var)
+        else:
+            refined, cycles, swaps = dsnot_refine_mask(
+                weight, mask, moments.sq_norm, moments.sum_mean, moments.variance, self.max_cycles,
+                self.update_threshold, self.pow_of_var, self.same_sign)
         self.work[key] = {"cycles": cycles, "swaps": swaps}
         return refined
 
