@@ -131,13 +131,21 @@ def dsnot_refine_mask(weight: torch.Tensor, mask: torch.Tensor, input_sq_norm: t
         if same_sign:
             active = active & (initial_sign == torch.sign(after))
         active = active & ~exhausted
-        mask.scatter_(1, prune, torch.where(exhausted, mask.gather(1, prune), active))
-        # a stopped row re-prunes its grow candidate (the reference writes "no update" into both)
-        mask.scatter_(1, grow, torch.where(exhausted, mask.gather(1, grow), ~active))
-        error += torch.where(active, prune_effect, torch.zeros_like(prune_effect))
-        error -= torch.where(active, grow_effect, torch.zeros_like(grow_effect))
-        swaps += int(active.sum())
+        swaps += apply_swaps(mask, error, prune, grow, prune_effect, grow_effect, active, exhausted)
     return mask, cycles, swaps
+
+
+def apply_swaps(mask: torch.Tensor, error: torch.Tensor, prune: torch.Tensor, grow: torch.Tensor,
+                prune_effect: torch.Tensor, grow_effect: torch.Tensor, active: torch.Tensor,
+                exhausted: torch.Tensor) -> int:
+    """One cycle's writes, in place: each active row prunes `prune` and grows `grow` (their effects
+    moving its error e_i); a stopped row re-prunes its grow candidate (the reference writes "no
+    update" into both); a row whose candidates ran out is left alone. All [out, 1]; returns the swaps."""
+    mask.scatter_(1, prune, torch.where(exhausted, mask.gather(1, prune), active))
+    mask.scatter_(1, grow, torch.where(exhausted, mask.gather(1, grow), ~active))
+    error += torch.where(active, prune_effect, torch.zeros_like(prune_effect))
+    error -= torch.where(active, grow_effect, torch.zeros_like(grow_effect))
+    return int(active.sum())
 
 
 def sorted_nm_mask(score: torch.Tensor, n: int, m: int) -> torch.Tensor:
@@ -197,11 +205,7 @@ def dsnot_refine_nm_mask(weight: torch.Tensor, mask: torch.Tensor, prune_metric:
         active = active & (initial_sign == torch.sign(after)) & (torch.abs(error) > update_threshold)
         active = active & ~exhausted
         score.scatter_(1, prune, torch.where(exhausted, score.gather(1, prune), retired))
-        mask.scatter_(1, prune, torch.where(exhausted, mask.gather(1, prune), active))
-        mask.scatter_(1, grow, torch.where(exhausted, mask.gather(1, grow), ~active))
-        error += torch.where(active, prune_effect, torch.zeros_like(prune_effect))
-        error -= torch.where(active, grow_effect, torch.zeros_like(grow_effect))
-        swaps += int(active.sum())
+        swaps += apply_swaps(mask, error, prune, grow, prune_effect, grow_effect, active, exhausted)
     return mask, cycles, swaps
 
 
