@@ -109,7 +109,7 @@ def alps_solve(weight: torch.Tensor, gram: torch.Tensor, sparsity: float, nm: tu
     start = time.perf_counter()
     device = weight.device
     W = weight.detach().float()  # [out, in]
-    G = gram.detach().float().cpu().clone()  # [in, in]
+    G = gram.detach().float().cpu().clone()  # [in, in], on the CPU on purpose: the official code moves X^T X there (float64 eigh)
     damp = settings.percdamp * torch.mean(torch.diag(G)).item()
     diag = torch.arange(G.shape[0], device=G.device)
     G[diag, diag] += damp
