@@ -182,3 +182,25 @@ def test_new_pure_math_keeps_to_the_device_of_its_inputs():
         scores = ria_scores(weight, torch.empty(16, device="cuda"))  # [out, in]
         rows = _unit_rows(torch.arange(3, device="cuda"), 64)  # [3 * 64]
         assert scores.device.type == rows.device.type == "cuda"
+
+
+def test_streamed_wrp_keeps_its_norms_beside_its_rows_on_the_host(tiny_model_dirs):
+    """Streamed WRP on a GPU: each layer's writer rows are stacked into a host buffer (the store's
+    `empty_activation`), so the layer's norms must follow them there. Left on the GPU (before the
+    fix), they meet the host rows in `similarity_parts`: a device mismatch on a GPU, and here an
+    error as soon as the fake CUDA norms are sliced."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from prunelab.pruning.scorers.wrp import WeightRedundancy
+
+    loaded = load_model(ModelSpec(name_or_path=str(tiny_model_dirs["llama"]), device="cpu", streaming=True))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        layers = [(torch.empty(16, 8, device="cuda"), torch.empty(16, 24, device="cuda"))  # [C, n]
+                  for _ in range(3)]
+        on_gpu = SimpleNamespace(  # a streamed adapter whose layers come into GPU memory one by one
+            store=loaded.adapter.store, num_layers=len(layers),
+            layers_in_memory=lambda: iter(enumerate(layers)),
+            residual_writers=lambda layer: tuple(SimpleNamespace(weight=w) for w in layer))
+        for form in ("gram", "raw"):
+            similarity = WeightRedundancy(form)._streamed_matrix(on_gpu, progress=False)["similarity"]
+            assert similarity.shape == (3, 3) and similarity.device.type == "cpu"

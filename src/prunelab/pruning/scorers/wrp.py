@@ -51,7 +51,7 @@ class WeightRedundancy:
         """`wrp_matrix` with one layer in memory at a time: the same rows, stacked in place."""
         store, n = adapter.store, adapter.num_layers
         rows: dict[int, torch.Tensor] = {}  # writer (0: attention, 1: MLP) -> [L, D]
-        norms: dict[int, list[torch.Tensor]] = {0: [], 1: []}
+        norms: dict[int, list[torch.Tensor]] = {0: [], 1: []}  # writer -> L norms, each [1]
         for index, layer in progress_bar(adapter.layers_in_memory(), progress, "wrp: writer rows"):
             for writer, linear in enumerate(adapter.residual_writers(layer)):
                 row = writer_row(linear.weight, self.form)  # [D]
@@ -60,6 +60,6 @@ class WeightRedundancy:
                         rows[writer] = store.empty_activation((n, row.numel()), row.dtype)  # [L, D]
                 rows[writer][index] = row
                 # beside the rows, which live on the host (a GPU layer's are copied there)
-                norms[writer].append(frobenius_norms([linear.weight])[0].to(rows[writer].device))
-        attn, mlp = (similarity_parts(rows[w], torch.stack(norms[w]), self.form) for w in (0, 1))
+                norms[writer].append(frobenius_norms([linear.weight]).to(rows[writer].device))
+        attn, mlp = (similarity_parts(rows[w], torch.cat(norms[w]), self.form) for w in (0, 1))
         return combine_writers(attn, mlp)
