@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from tiny import ARCHS, tiny_config, train_tokenizer
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 import prunelab
+from prunelab.calibration.gradients import next_token_loss
 from prunelab.calibration.runner import LayerSequentialRunner, capture_layer_inputs
 from prunelab.errors import ConfigError, ModelCheckError
 from prunelab.evaluation.perplexity import window_nlls
@@ -186,12 +187,45 @@ def test_row_chunked_masks_equal_whole_matrix_masks(monkeypatch):
         assert torch.equal(masks.unstructured_mask(scores, 0.5, "row", ties), expected)
 
 
-def test_a_backward_adds_one_layers_weight_gradients_to_the_estimate(tiny_model_dirs):
-    config = AutoConfig.from_pretrained(tiny_model_dirs["llama"])
-    plain, backward = (estimate(config, torch.float32, 256, layer_gradients=g) for g in (False, True))
-    layer = AutoModelForCausalLM.from_config(config).model.layers[0]
-    linear_bytes = sum(m.weight.numel() * 4 for m in layer.modules() if isinstance(m, torch.nn.Linear))
-    assert backward.method_state - plain.method_state == linear_bytes
+def _saved_for_backward(model, ids) -> int:
+    """Bytes autograd saves for the backward of the LM loss (weights excluded): the graph."""
+    weights = {p.data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        if tensor.data_ptr() not in weights:
+            saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        next_token_loss(model, ids)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_resident_backward_is_planned_with_every_layers_graph_and_gradient_sums(dtype):
+    """A whole-model backward holds one batch's graph through every layer and the head, and float32
+    gradient sums of every layer's linears (float16 also its scaled `.grad`); the plan counts them
+    (counted here with autograd's saved-tensor hooks), so a gradient method on a model that fits
+    only without them streams under `auto` instead of running out of memory. A streamed backward
+    adds one layer's."""
+    config = LlamaConfig(hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=2,
+                         num_hidden_layers=3, vocab_size=2000)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(dtype)
+    batch, seqlen = 2, 128
+    graph = _saved_for_backward(model, torch.randint(0, config.vocab_size, (batch, seqlen)))
+    linears = [m.weight.numel() for layer in model.model.layers for m in layer.modules()
+               if isinstance(m, torch.nn.Linear)]
+    sums = sum(linears) * (6 if dtype == torch.float16 else 4)
+    plain, backward = (estimate(config, dtype, 4 * batch * seqlen, batch_tokens=batch * seqlen, layer_gradients=g)
+                       for g in (False, True))
+    planned = backward.resident - plain.resident
+    assert graph + sums <= planned <= 1.25 * (graph + sums)
+    assert sums // 3 < backward.method_state - plain.method_state < planned  # streamed: one layer's
+    budget = (plain.resident + backward.resident) // 2  # fits without the backward, not with it
+    assert choose_mode("auto", plain, budget, "test")[0] == "resident"
+    assert choose_mode("auto", backward, budget, "test")[0] == "streamed"
 
 
 def _estimate(resident_bytes: int, streamed_bytes: int, activations: int = 0, batch: int = 0) -> MemoryEstimate:

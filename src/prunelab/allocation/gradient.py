@@ -29,7 +29,7 @@ from prunelab.calibration.dense_statistics import DenseStatistics
 
 class GradientAllocation:
     name = "gradient"
-    layer_gradients = True  # holds one layer's weight gradients (the memory estimate)
+    layer_gradients = True  # back-propagates: its graph and gradient sums are planned (models.memory)
     offloadable = False  # back-propagates through the whole model (accelerate-offloaded weights: none)
 
     def __init__(self, bound: float = 0.05, mean: str = "plain"):

@@ -50,7 +50,7 @@ class MemoryRequest:
     state_bytes: Callable[[int, int], int] = default_state_bytes  # the method's, per [out, in] linear
     budget_bytes: int | None = None  # runtime.memory_budget_gb; None: detected (models.memory)
     work_dir: Path | None = None  # where a streamed run writes its changed layers
-    layer_gradients: bool = False  # the method back-propagates (one layer's weight gradients held)
+    layer_gradients: bool = False  # the method back-propagates (graph and gradient sums: models.memory.estimate)
     forward_checkpoint: bool = False  # zero-shot evaluation: a streamed model is saved for offload
     rewrites_layers: bool = True  # width pruning (or a recovery) rewrites every layer; depth pruning none
 

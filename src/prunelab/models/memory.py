@@ -8,7 +8,10 @@ method's per-layer state (SparseGPT's Hessian and its inverse; the mask's sort b
 resident run holds every weight instead. The shapes
 come from the config on the meta device: nothing is allocated to estimate. When the activations
 do not fit beside the layer, a streamed run spills them to file-backed mappings
-(`LayerStore.keep_activation`) and keeps one batch in memory.
+(`LayerStore.keep_activation`) and keeps one batch in memory. A method that back-propagates
+(`layer_gradients`) also holds, for one batch, what autograd saves for the backward and float32
+gradient sums of the weights it asks for: one layer's when streamed, every layer's (and the head's
+graph) when resident (`backward_graph_bytes`, `gradient_bytes_per_weight`).
 
 The budget is `runtime.memory_budget_gb` when set, else what this process may use: the smallest of
 its data limit (`ulimit -d`, `prlimit --data`), its cgroup's memory limit (a SLURM job's `--mem`)
@@ -146,7 +149,7 @@ class MemoryEstimate:
 
     @property
     def resident(self) -> int:
-        return self.whole_model + self.activations + self.method_state + self.baseline
+        return self.whole_model + self.activations + self.method_state + self.baseline + self.backward_resident
 
     @property
     def streamed(self) -> int:
@@ -156,6 +159,7 @@ class MemoryEstimate:
     activation_batch: int = 0  # one batch entering and leaving a layer (what remains when spilled)
     decoder_layers: int = 0  # every decoder layer: what a streamed run rewrites at most
     num_layers: int = 0
+    backward_resident: int = 0  # a whole-model backward beyond one layer's: the other layers' graphs and gradients
 
     @property
     def streamed_spilled(self) -> int:
@@ -220,23 +224,58 @@ def default_state_bytes(out_features: int, in_features: int) -> int:
     return 9 * weights + (MASK_BYTES_PER_WEIGHT - 5) * min(weights, ROW_CHUNK_ENTRIES)
 
 
+def gradient_bytes_per_weight(dtype: torch.dtype) -> int:
+    """Bytes a back-propagating method holds per weight it asks gradients of: the float32 sum over
+    batches (`calibration.gradients.GradientSums`; in float32 the first batch's `.grad` becomes
+    it), plus, in float16, the batch's scaled `.grad`, kept until the batch is known finite."""
+    return 4 + (torch.empty((), dtype=dtype).element_size() if dtype == torch.float16 else 0)
+
+
+def backward_graph_bytes(config, dtype: torch.dtype, tokens: int) -> tuple[int, int]:
+    """(one decoder layer's, the LM head's) tensors autograd saves for the backward of `tokens`
+    tokens, for a LLaMA-style layer with SDPA attention (the `from_pretrained` default; eager
+    attention's [heads, T, T] probabilities are not counted). Per token, from the tensors saved by
+    such layers (counted with `torch.autograd.graph.saved_tensors_hooks`, checked in
+    tests/test_streaming.py): about 8 hidden + 4 intermediate + 2 key/value values in the model's
+    dtype and the two norms' float32 inputs; the head keeps the logits in the dtype and the loss's
+    float32 log-probabilities."""
+    size = torch.empty((), dtype=dtype).element_size()
+    hidden = int(config.hidden_size)
+    intermediate = int(getattr(config, "intermediate_size", None) or getattr(config, "ffn_dim", None)
+                       or 4 * hidden)
+    heads = int(getattr(config, "num_attention_heads", 1) or 1)
+    kv_dim = int(getattr(config, "num_key_value_heads", None) or heads) * (hidden // heads)
+    layer = size * (8 * hidden + 4 * intermediate + 2 * kv_dim) + 4 * 2 * hidden
+    head = int(config.vocab_size) * (size + 4) + 4 * hidden
+    return tokens * layer, tokens * head
+
+
 def estimate(config, dtype: torch.dtype, activation_tokens: int,
              state_bytes: Callable[[int, int], int] = default_state_bytes,
              batch_tokens: int | None = None, layer_gradients: bool = False) -> MemoryEstimate:
     """The run's peak by part; `activation_tokens` is calibration sequences x length (or the
     evaluation's, whichever is larger); `state_bytes(out, in)` the method's state for one linear;
-    `layer_gradients`: the method also holds the gradients of one layer's linear weights."""
+    `layer_gradients`: the method back-propagates one batch (`batch_tokens`) at a time and sums
+    the gradients of the decoder layers' linear weights: one layer's graph and gradients when
+    streamed (or the head's graph, whichever is larger), every layer's and the head's when resident
+    (`backward_resident`)."""
     sizes = model_sizes(config, dtype)
     hidden = int(config.hidden_size)
     size = torch.empty((), dtype=dtype).element_size()
     activations = 2 * activation_tokens * hidden * size  # the layer's inputs and outputs
     batch = 2 * (batch_tokens or activation_tokens) * hidden * size
     state = max((state_bytes(o, i) for o, i in sizes.linears), default=0)
+    backward_resident = 0
     if layer_gradients:
-        state += sum(o * i for o, i in sizes.linears) * size
+        gradients = sum(o * i for o, i in sizes.linears) * gradient_bytes_per_weight(dtype)  # one layer
+        layer_graph, head_graph = backward_graph_bytes(config, dtype, batch_tokens or activation_tokens)
+        state += gradients + max(layer_graph, head_graph)
+        whole = sizes.num_layers * (gradients + layer_graph) + head_graph
+        backward_resident = max(whole - gradients - max(layer_graph, head_graph), 0)
     return MemoryEstimate(sizes.whole, sizes.resident_outside, sizes.largest_layer,
                           max(sizes.largest_layer, sizes.largest_outside), activations, state,
-                          private_memory(), min(batch, activations), sizes.decoder_layers, sizes.num_layers)
+                          private_memory(), min(batch, activations), sizes.decoder_layers, sizes.num_layers,
+                          backward_resident)
 
 
 def choose_mode(streaming: bool | str, need: MemoryEstimate, budget: int | None, budget_source: str

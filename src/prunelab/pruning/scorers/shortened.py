@@ -42,7 +42,7 @@ class BlockTaylor:
     selectors = ("lowest", "contiguous")
     plus_rule = True
     streamable = True  # streamed: the backward one layer at a time (`backward_by_layer`)
-    layer_gradients = True  # holds one layer's weight gradients (the memory estimate)
+    layer_gradients = True  # back-propagates: its graph and gradient sums are planned (models.memory)
     offloadable = False  # back-propagates through the whole model (accelerate-offloaded weights: none)
 
     def score(self, ctx: PruneContext, request: ScoreRequest) -> LayerScores:
