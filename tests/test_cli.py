@@ -16,7 +16,7 @@ from prunelab.cli import CONF_DIR, build_setup, check_overrides, group_options, 
 from prunelab.errors import ConfigError
 from prunelab.pruning.base import first_stage
 
-GROUPS = ["model", "data", "pruning", "pruning/allocation", "recovery", "evaluation", "tracking"]
+GROUPS = ["model", "data", "pruning", "pruning/allocation", "recovery", "evaluation", "tracking", "arm", "sparsity"]
 
 
 def compose_config(overrides: list[str]):

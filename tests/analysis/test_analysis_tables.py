@@ -70,6 +70,25 @@ def test_setting_with_a_different_protocol_is_refused(tmp_path):
     assert math.isnan(row["p_t"]) and "seqlen 256 vs 128" in row["note"]
 
 
+def test_a_baseline_selects_the_setting_without_a_label_by_none(tmp_path):
+    """Wanda and Wanda refined by DSnoT share method=wanda; refine=none names Wanda itself."""
+    root = tmp_path / "records"
+    plain, refined = signature_for("wanda"), signature_for("wanda+dsnot")
+    for seed in SEEDS:
+        window = np.full(8, 2.0) + 0.01 * seed
+        write_record(root, plain, seed, labels_for("uniform", 0.5), {PPL: ppl_metric(window)})
+        write_record(root, refined, seed, {**labels_for("uniform", 0.5), "refine": "dsnot"},
+                     {PPL: ppl_metric(window - 0.1)})
+    ambiguous = tables.build_summary(_frame(root), [PPL], baseline="method=wanda")
+    assert ambiguous["p_t"].isna().all()  # two baselines match: refused, not guessed
+    summary = tables.build_summary(_frame(root), [PPL], baseline="method=wanda,refine=none", n_resamples=99)
+    row = summary[summary["labels.refine"] == "dsnot"].iloc[0]
+    assert row["diff_mean"] < 0 and row["n_pairs"] == len(SEEDS)
+    assert summary.loc[summary["labels.refine"].isna() & ~summary["is_dense"], "is_baseline"].all()
+    grid = tables.pivot(summary, ["method", "refine"], "sparsity", PPL, values="mean")
+    assert len(grid) == 2 and grid.iloc[:, 0].notna().all()  # wanda, wanda + dsnot: both rows
+
+
 def test_unknown_baseline_and_metric_errors_list_what_exists(study_dir):
     frame = _frame(study_dir)
     with pytest.raises(records.AnalysisError, match="values seen: allocation: pals, uniform"):

@@ -162,8 +162,10 @@ def _protocol(frame: pd.DataFrame, row: pd.Series) -> Mapping[str, Any] | None:
 
 
 def _label_equals(value: Any, wanted: str) -> bool:
+    """A selector's value against a setting's label; `none` also selects a setting without the
+    label (`refine=none`: Wanda itself, not Wanda refined by DSnoT)."""
     if is_missing(value):
-        return False
+        return wanted.lower() in ("none", "null")
     if str(value) == wanted:
         return True
     try:
