@@ -57,14 +57,18 @@ def test_dense_reference_once_per_model_and_cells(study_dir):
     assert any("Wilcoxon with n=3" in note for note in notes)
 
 
-def test_setting_with_a_different_protocol_is_refused(tmp_path):
-    root = tmp_path / "records"
-    base, other = signature_for("base"), signature_for("other")
+def _two_settings(root, base_labels: dict, other_labels: dict, other_seqlen: int = 128) -> None:
+    """Records of two settings over SEEDS, the second 0.1 lower in every window's NLL."""
     for seed in SEEDS:
         window = np.full(8, 2.0) + 0.01 * seed
-        write_record(root, base, seed, labels_for("uniform", 0.5), {PPL: ppl_metric(window)})
-        write_record(root, other, seed, labels_for("pals", 0.5),
-                     {PPL: ppl_metric(window - 0.1, seqlen=256)})
+        write_record(root, signature_for(str(base_labels)), seed, base_labels, {PPL: ppl_metric(window)})
+        write_record(root, signature_for(str(other_labels)), seed, other_labels,
+                     {PPL: ppl_metric(window - 0.1, seqlen=other_seqlen)})
+
+
+def test_setting_with_a_different_protocol_is_refused(tmp_path):
+    root = tmp_path / "records"
+    _two_settings(root, labels_for("uniform", 0.5), labels_for("pals", 0.5), other_seqlen=256)
     summary = tables.build_summary(_frame(root), [PPL], baseline="allocation=uniform")
     row = summary[summary["labels.allocation"] == "pals"].iloc[0]
     assert math.isnan(row["p_t"]) and "seqlen 256 vs 128" in row["note"]
@@ -73,12 +77,7 @@ def test_setting_with_a_different_protocol_is_refused(tmp_path):
 def test_a_baseline_selects_the_setting_without_a_label_by_none(tmp_path):
     """Wanda and Wanda refined by DSnoT share method=wanda; refine=none names Wanda itself."""
     root = tmp_path / "records"
-    plain, refined = signature_for("wanda"), signature_for("wanda+dsnot")
-    for seed in SEEDS:
-        window = np.full(8, 2.0) + 0.01 * seed
-        write_record(root, plain, seed, labels_for("uniform", 0.5), {PPL: ppl_metric(window)})
-        write_record(root, refined, seed, {**labels_for("uniform", 0.5), "refine": "dsnot"},
-                     {PPL: ppl_metric(window - 0.1)})
+    _two_settings(root, labels_for("uniform", 0.5), {**labels_for("uniform", 0.5), "refine": "dsnot"})
     ambiguous = tables.build_summary(_frame(root), [PPL], baseline="method=wanda")
     assert ambiguous["p_t"].isna().all()  # two baselines match: refused, not guessed
     summary = tables.build_summary(_frame(root), [PPL], baseline="method=wanda,refine=none", n_resamples=99)
