@@ -170,7 +170,7 @@ class Comparison:
 
     def row(self) -> dict[str, Any]:
         return {"method": self.method,
-                "sparsity": "50%" if self.sparsity_type == "unstructured" else self.sparsity_type,
+                "sparsity": f"{self.sparsity:.0%}" if self.sparsity_type == "unstructured" else self.sparsity_type,
                 "setting": self.setting, "differing_entries": self.differing,
                 "total_entries": self.entries, "fraction": self.fraction,
                 "layers_with_differences": self.layers_with_differences or "none",
