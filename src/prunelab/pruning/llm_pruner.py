@@ -41,8 +41,10 @@ float32, 10 x 64 realtext tokens in one batch, every layer pruned: `layer_start=
 layer_end=null`), the same heads and channels as the official `hf_prune.py --block_wise` (run
 unedited with shims) in all 30 layers, and equal weights; the default range 4 / -2 prunes the
 official `--block_*_layer_start 4 --block_*_layer_end 28` layers with the same units
-(results/benchmarks/official_llm_pruner.md, experiments/benchmarks/official_llm_pruner.py). Not measured: random (different generators),
-grouping other than sum, iterative steps (the reference's `--iterative_steps`, not offered here).
+(results/benchmarks/official_llm_pruner.md, experiments/benchmarks/official_llm_pruner.py).
+Not measured: random (different generators), grouping other than sum, grouped-query models (the
+reference cannot load them). Not offered: the reference's `--iterative_steps` and
+`--global_pruning`, channel-wise and layer-wise modes, and its LoRA recovery.
 """
 
 from __future__ import annotations
@@ -257,7 +259,7 @@ def _gradient_sums(ctx: PruneContext, samples: torch.Tensor, batch_size: int, la
         ids = samples[start:start + batch_size]  # [B, T]
         share = ids.shape[0] / samples.shape[0]
 
-        def add(index: int, weights: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        def add(index: int, weights: list[torch.Tensor], grads: list[torch.Tensor], share: float = share) -> None:
             slot = sums.setdefault(index, {}) if weights else {}
             for key, grad in zip(MEMBER_KEYS, grads):
                 value = transform(grad, share)
