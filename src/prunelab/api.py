@@ -93,7 +93,8 @@ def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: fl
         method: a `pruning=` option: wanda, sparsegpt, magnitude, ria, alps, depth, dense, or a width
             method that cuts heads and MLP channels out of the modules: flap, wanda_sp,
             magnitude_sp (`ratio=0.2`, the reference's, or `params_removed=0.2`, the fraction of
-            the model's parameters to remove); or slicegpt, which rotates and slices the hidden
+            the model's parameters to remove), llm_pruner (Taylor importance, `ratio=0.25` in
+            layers `layer_start`..`layer_end`); or slicegpt, which rotates and slices the hidden
             dimension (`sparsity=0.25`: the fraction of it sliced; `final_orientation="pca"`).
         sparsity: target sparsity of weight pruning (the YAML's default when None).
         calibration: token ids ([N, T] or [T]); a list of texts (tokenized and cut into `nsamples`

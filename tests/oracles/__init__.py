@@ -19,6 +19,9 @@ shares none of its code can be compared mask entry by mask entry:
   "Fluctuation-based Adaptive Structured Pruning for Large Language Models", AAAI 2024);
 - `dsnot_oracle`: DSnoT's prune-and-grow refinement of the Wanda mask, row by row (Zhang et al.,
   "Dynamic Sparse No Training", ICLR 2024).
+- `oracles.llm_pruner`: LLM-Pruner's block-wise Taylor (and l1/l2) importance of heads with their
+  key/value group and of MLP channels, cut out of a Llama (Ma, Fang & Wang, "LLM-Pruner: On the
+  Structural Pruning of Large Language Models", NeurIPS 2023).
 
 Nothing in these modules imports prunelab (`tests/test_faithful_references.py` checks it); they
 know Llama's attribute paths and nothing else, so they serve Llama-family models (SmolLM2) only.

@@ -38,5 +38,6 @@ METHOD_FAMILIES: dict[str, dict[str, Any]] = {  # family -> prunelab.prune keywo
     "width: flap": dict(method="flap"),
     "width: wanda_sp": dict(method="wanda_sp"),
     "width: magnitude_sp": dict(method="magnitude_sp"),
+    "width: llm_pruner": dict(method="llm_pruner", layer_start=0, layer_end=None),  # any depth
     "width: slicegpt": dict(method="slicegpt", sparsity=0.25),
 }

@@ -113,3 +113,82 @@ def compensation_bias(baseline: torch.Tensor, keep_columns: torch.Tensor, weight
     float16 when that is the setting); keep_columns: [in] bool; weight: [out, in] -> [out]."""
     removed = baseline * ~keep_columns.to(baseline.device)  # [in]
     return removed.to(weight.dtype) @ weight.data.T  # [out]
+
+
+# --- LLM-Pruner (Ma, Fang & Wang, NeurIPS 2023): group importance of heads and channels --------
+TAYLOR_ORDERS = ("param_first", "vectorize", "param_second", "param_mix")
+GROUP_REDUCTIONS = ("sum", "mean", "max", "prod", "first")
+
+
+def taylor_salience(weight: torch.Tensor, grad: torch.Tensor | None, squared_grad: torch.Tensor | None,
+                    taylor: str) -> torch.Tensor:
+    """LLM-Pruner's per-weight salience (eq. 4-5 of the paper, the repository's `TaylorImportance`).
+
+    weight, grad: [out, in]; grad is dL/dW of the mean calibration loss; squared_grad: [out, in]
+    the mean over single-sequence backward passes of (dL_j/dW)^2 (the Fisher diagonal, the
+    repository's `acc_grad`), needed by param_second and param_mix only.
+    param_first, vectorize: W * g; param_second: W * F * W; param_mix: W * g - 0.5 * W * F * W.
+    """
+    if taylor == "param_second":
+        return weight * squared_grad * weight
+    first = weight * grad
+    if taylor == "param_mix":
+        return first - 0.5 * weight * squared_grad * weight
+    return first
+
+
+def channel_importance(salience: torch.Tensor, dim: int, taylor: str) -> torch.Tensor:
+    """One score per channel of a linear from its salience [out, in]: over the input columns
+    (dim=1: an output row, e.g. a row of q_proj) or over the output rows (dim=0: an input column,
+    e.g. a column of o_proj). vectorize: |sum|; the param_* orders: sum of |.|."""
+    if taylor == "vectorize":
+        return salience.sum(dim).abs()
+    return salience.abs().sum(dim)
+
+
+def magnitude_importance(weight: torch.Tensor, dim: int, p: int) -> torch.Tensor:
+    """LLM-Pruner's l1 / l2 importance of each channel: sum |W|^p over the other dimension (no
+    root). weight: [out, in] -> [out] (dim=1) or [in] (dim=0)."""
+    return weight.abs().pow(p).sum(dim)
+
+
+def reduce_group(importances: list[torch.Tensor], reduction: str) -> torch.Tensor:
+    """The group's importance of each channel from its members' ([modules] x [n], the members in
+    the reference's order, its root first): the repository's `_reduce` over the stacked members."""
+    stacked = torch.stack(importances, dim=0)  # [modules, n]
+    if reduction == "sum":
+        return stacked.sum(dim=0)
+    if reduction == "mean":
+        return stacked.mean(dim=0)
+    if reduction == "max":
+        return stacked.max(dim=0)[0]
+    if reduction == "prod":
+        return torch.prod(stacked, dim=0)
+    if reduction == "first":
+        return stacked[0]
+    raise ValueError(f"reduction {reduction!r} is not one of {GROUP_REDUCTIONS}")
+
+
+def fold_query_heads(channel_scores: torch.Tensor, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """A query-side module's channel scores ([H * head_dim]: q_proj rows or o_proj columns) summed
+    over the query heads of each key/value group, position by position: [G * head_dim]. The
+    identity on a multi-head model (one query head per group)."""
+    return channel_scores.reshape(num_kv_heads, -1, head_dim).sum(dim=1).reshape(-1)  # [G * head_dim]
+
+
+def consecutive_sum(scores: torch.Tensor, width: int) -> torch.Tensor:
+    """[n * width] channel scores -> [n] unit scores: sums of `width` consecutive channels (the
+    reference's `consecutive_groups`, head_dim for attention)."""
+    return scores.view(-1, width).sum(1)
+
+
+def lowest(scores: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of the `count` lowest scores, the reference's unstable `argsort` (ties as torch
+    orders them). scores: [n] -> [count]."""
+    return torch.argsort(scores)[:count]
+
+
+def reference_pruned_channels(channels: int, ratio: float) -> int:
+    """Channels the reference removes from a module of `channels` outputs at `ratio`:
+    channels - int(channels x (1 - ratio)) (torch_pruning's MetaPruner, one step)."""
+    return channels - int(channels * (1 - ratio))

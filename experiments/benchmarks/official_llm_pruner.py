@@ -1,0 +1,301 @@
+"""Benchmark: prunelab's LLM-Pruner against the official code's block-wise path.
+
+The official `hf_prune.py` (horseee/LLM-Pruner) is run as a script, unedited, from a temporary copy
+of it and of its `LLMPruner` package (read from the fetched mirror with `git show`), with the
+README's LLaMA flags except the layer range (`--block_wise --pruning_ratio R --pruner_type P
+--taylor T --device cpu --eval_device cpu`, attention and MLP layers 0..29: all 30 layers of
+SmolLM2-135M; and prunelab's default range 4..27 once). Shims, all outside its files (the attributes are put back afterwards):
+- `LlamaForCausalLM.from_pretrained` of its own modeling file returns the model built here from
+  that file's class: SmolLM2-135M's exact multi-head rewrite (`models.width.to_multi_head`: each
+  key/value head repeated for its 3 query heads) with the dense weights loaded, and each
+  attention's rotary embedding rebuilt by that file's own `LlamaRotaryEmbedding` with SmolLM2's
+  rope base (the file hard-codes 10000 whatever the config says); its logits are checked against
+  prunelab's model (`max abs dlogits`);
+- `transformers.LlamaTokenizer.from_pretrained` returns a stand-in (the tokenizer is only used by
+  the shimmed calibration and evaluation);
+- `LLMPruner.datasets.example_samples.get_examples` (which downloads bookcorpus) returns the same
+  calibration token ids prunelab gets (realtext, 10 x 64 tokens as the official 10 x 64);
+- `LLMPruner.evaluator.ppl.PPLMetric` (wikitext2 and ptb downloads, after pruning) returns {};
+- `torch.cuda.empty_cache` is a no-op and `torch.cuda.memory_allocated` 0 (CPU build);
+- its logger writes under a temporary working directory;
+- the ChatGLM and Baichuan model packages (imported by `LLMPruner/models/__init__.py`, never used
+  by the LLaMA path; their tokenizers need sentencepiece and transformers 4) are empty modules.
+The vendored torch_pruning (dependency graph, MetaPruner) needed no shim on torch 2.13.
+A spy around the official `TaylorImportance.__call__` / `MagnitudeImportance.__call__` records
+each group's members in order (read only). prunelab runs `pruning=llm_pruner` with the same
+settings on the transformers 5 model (the same layers, the calibration in one batch).
+Both float32 on the CPU. The kept heads and channels are read back from the pruned weights (each
+kept row of q_proj and gate_proj matched to its dense row).
+
+    python experiments/benchmarks/official_llm_pruner.py   # a few minutes, 2 threads
+    python experiments/benchmarks/official_llm_pruner.py --render-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import os
+import platform
+import runpy
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from faithful_width import differing, kept_units, largest_differences  # noqa: E402
+from official_code import importable  # noqa: E402
+from oracles.compare import load_smollm2, realtext_calibration  # noqa: E402
+
+import prunelab  # noqa: E402
+from prunelab.models.adapter import ModelAdapter  # noqa: E402
+from prunelab.models.width import to_multi_head  # noqa: E402
+
+REPO = Path("/work/.mirror/horseee+LLM-Pruner/repo")
+SETTINGS = {  # row -> (official --pruner_type, --taylor, prunelab keywords)
+    "taylor param_first": ("taylor", "param_first", dict(importance="taylor", taylor="param_first")),
+    "taylor vectorize": ("taylor", "vectorize", dict(importance="taylor", taylor="vectorize")),
+    "taylor param_second": ("taylor", "param_second", dict(importance="taylor", taylor="param_second")),
+    "taylor param_mix": ("taylor", "param_mix", dict(importance="taylor", taylor="param_mix")),
+    "l2": ("l2", "param_first", dict(importance="l2")),
+    "l1": ("l1", "param_first", dict(importance="l1")),
+    # prunelab's defaults (the README's first 4 and last 2 layers kept): official layers 4..27 of 30
+    "taylor param_first, layers 4..-2": ("taylor", "param_first", dict(layer_start=4, layer_end=-2)),
+}
+ALL_LAYERS = dict(layer_start=0, layer_end=None)
+EXTRA_START = "\nThe official modeling file"  # the measured lines after the notes
+UNUSED_PACKAGES = ("LLMPruner.models.hf_chatglm", "LLMPruner.models.hf_baichuan")
+COLUMNS = {"setting": "setting", "ratio": "ratio", "layers": "pruned layers", "heads_kept": "heads kept", "channels_kept": "channels kept",
+           "differing_heads": "differing heads", "differing_channels": "differing channels",
+           "max_abs_dW": "max abs dW", "params_removed": "params removed", "seconds_prunelab": "prunelab s",
+           "seconds_official": "official s"}
+
+
+def official_files(repo: Path) -> list[str]:
+    """hf_prune.py and every file of the LLMPruner package, as committed at HEAD."""
+    names = subprocess.run(["git", "--git-dir", str(repo), "ls-tree", "-r", "--name-only", "HEAD", "LLMPruner"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    return ["hf_prune.py", *names]
+
+
+def copy_files(repo: Path, files: list[str], into: Path) -> None:
+    for name in files:
+        blob = subprocess.run(["git", "--git-dir", str(repo), "show", f"HEAD:{name}"], check=True,
+                              capture_output=True).stdout
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        (into / name).write_bytes(blob)
+
+
+def official_model(modeling, dense, rope_base: float):
+    """The official modeling file's LlamaForCausalLM holding `dense`'s (multi-head) weights, its
+    rotary embeddings rebuilt with `rope_base` by the same file's class."""
+    from transformers import LlamaConfig
+
+    source = dense.config
+    config = LlamaConfig(vocab_size=source.vocab_size, hidden_size=source.hidden_size,
+                         intermediate_size=source.intermediate_size, num_hidden_layers=source.num_hidden_layers,
+                         num_attention_heads=source.num_attention_heads,
+                         num_key_value_heads=source.num_attention_heads, hidden_act=source.hidden_act,
+                         max_position_embeddings=source.max_position_embeddings, rms_norm_eps=source.rms_norm_eps,
+                         pad_token_id=source.pad_token_id, tie_word_embeddings=False)
+    model = modeling.LlamaForCausalLM(config)
+    state = dict(dense.state_dict())
+    state.setdefault("lm_head.weight", dense.get_output_embeddings().weight)  # tied: the same values
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert all("rotary_emb" in k for k in missing + unexpected), (missing, unexpected)
+    head_dim = source.hidden_size // source.num_attention_heads
+    for layer in model.model.layers:
+        layer.self_attn.rotary_emb = modeling.LlamaRotaryEmbedding(
+            head_dim, max_position_embeddings=source.max_position_embeddings, base=rope_base)
+    return model.float().eval()
+
+
+@contextmanager
+def patched(*targets):
+    """Set (object, attribute, value) triples while inside; put the old values back after."""
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in targets]
+    for obj, name, value in targets:
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
+def run_official(copy_dir: Path, model, token_ids: torch.Tensor, ratio: float, pruner: str, taylor: str,
+                 layers: range) -> list[list[str]]:
+    """hf_prune.py as a script on `model` (pruned in place); returns each importance call's
+    members (module name and handler), in the order the official group lists them."""
+    import transformers
+
+    import LLMPruner.datasets.example_samples as examples
+    import LLMPruner.evaluator.ppl as ppl
+    from LLMPruner.pruner import hf_llama_pruner
+
+    names = {module: name for name, module in model.named_modules()}
+    groups: list[list[str]] = []
+
+    def spy(cls):
+        call = cls.__call__
+
+        def recorded(self, group, *args, **kwargs):
+            groups.append([f"{names.get(dep.target.module, '?')}:{dep.handler.__name__}" for dep, _ in group])
+            return call(self, group, *args, **kwargs)
+        return recorded
+
+    def examples_stub(dataset, tokenizer, n_samples, seq_len=128):
+        assert dataset == "bookcorpus" and n_samples == token_ids.shape[0] and seq_len == token_ids.shape[1]
+        return token_ids.clone()
+
+    argv = ["hf_prune.py", "--base_model", "smollm2-135m-multi-head", "--pruning_ratio", str(ratio),
+            "--device", "cpu", "--eval_device", "cpu", "--block_wise",
+            "--block_attention_layer_start", str(layers.start), "--block_attention_layer_end", str(layers.stop),
+            "--block_mlp_layer_start", str(layers.start), "--block_mlp_layer_end", str(layers.stop),
+            "--pruner_type", pruner, "--taylor", taylor, "--num_examples", str(token_ids.shape[0]),
+            "--save_ckpt_log_name", f"official_{pruner}_{taylor}"]
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    from LLMPruner.models.hf_llama import modeling_llama
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="llm-pruner-run-") as work, patched(
+            (modeling_llama.LlamaForCausalLM, "from_pretrained", classmethod(lambda cls, *a, **k: model)),
+            (transformers.LlamaTokenizer, "from_pretrained", classmethod(lambda cls, *a, **k: types.SimpleNamespace())),
+            (examples, "get_examples", examples_stub), (ppl, "PPLMetric", lambda *a, **k: {}),
+            (torch.cuda, "empty_cache", lambda: None), (torch.cuda, "memory_allocated", lambda *a, **k: 0),
+            (hf_llama_pruner.TaylorImportance, "__call__", spy(hf_llama_pruner.TaylorImportance)),
+            (hf_llama_pruner.MagnitudeImportance, "__call__", spy(hf_llama_pruner.MagnitudeImportance)),
+            (sys, "argv", argv)):
+        os.chdir(work)
+        try:
+            runpy.run_path(str(copy_dir / "hf_prune.py"), run_name="__main__")
+        finally:
+            os.chdir(cwd)
+            for handler in root.handlers[:]:
+                if handler not in handlers:
+                    root.removeHandler(handler)
+    return groups
+
+
+NOTES = """How to read it: the multi-head rewrite has 9 heads in each of 30 layers (270) and 1,536 MLP
+channels in each (46,080). Every row prunes all 30 layers (official `--block_*_layer_start 0
+--block_*_layer_end 30`, prunelab `layer_start=0 layer_end=null`) except the last: prunelab's
+defaults `layer_start=4 layer_end=-2` against the official `--block_*_layer_start 4
+--block_*_layer_end 28` (the README's 4 / 30 on 32 layers). `differing heads` / `differing
+channels`: units kept by one side only, summed over layers. `max abs dW`: the largest difference
+of any decoder weight after pruning (shapes must match first); block-wise LLM-Pruner only
+slices, so equal selections give equal weights. `params removed`: the fraction of the rewrite's
+parameters that went (prunelab's record): int(0.75 x 576) = 432 q_proj rows kept, i.e. 2 of 9
+heads and 384 of 1,536 channels removed in every pruned layer. The two sides compute their
+gradients with different modeling code (the official file's eager attention, its RMSNorm and
+rotary gather, against transformers 5's Llama), so the Taylor scores agree to float32 rounding,
+not bit for bit: a differing unit would be a near-tie. The official vendored torch_pruning ran
+on torch 2.13 without any shim. Times are CPU float32 on a shared machine, not a speed comparison.
+"""
+
+
+def render(table: pd.DataFrame, header: str, extra: str) -> str:
+    shown = table[list(COLUMNS)].rename(columns=COLUMNS).copy()
+    shown["max abs dW"] = shown["max abs dW"].map(lambda v: f"{v:.3g}")
+    shown["params removed"] = shown["params removed"].map(lambda v: f"{v:.4f}")
+    for column in ("prunelab s", "official s"):
+        shown[column] = shown[column].map(lambda t: f"{t:.0f}")
+    return header + "\n\n" + shown.to_markdown(index=False, disable_numparse=True) + "\n\n" + NOTES + extra
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repo", type=Path, default=REPO, help="git directory of horseee/LLM-Pruner")
+    parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument("--nsamples", type=int, default=10)
+    parser.add_argument("--seqlen", type=int, default=64)
+    parser.add_argument("--ratio", type=float, default=0.25)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    parser.add_argument("--render-only", action="store_true", help="rewrite the markdown from the CSV")
+    args = parser.parse_args()
+    csv, md = args.out / "official_llm_pruner.csv", args.out / "official_llm_pruner.md"
+    if args.render_only:
+        header, _, rest = md.read_text().partition("\n\n")
+        extra = rest[rest.find(EXTRA_START):] if EXTRA_START in rest else ""
+        md.write_text(render(pd.read_csv(csv), header, extra))
+        print(md.read_text())
+        return 0
+    torch.set_num_threads(args.threads)
+    loaded = load_smollm2()
+    tokenizer, dense = loaded.tokenizer, loaded.model.float().eval()
+    head_dim = dense.model.layers[0].self_attn.head_dim
+    rope_base = dense.config.rope_parameters["rope_theta"]
+    to_multi_head(ModelAdapter(dense))
+    num_layers = len(dense.model.layers)
+    token_ids = realtext_calibration(tokenizer, args.nsamples, args.seqlen, seed=args.seed)
+    commit = subprocess.run(["git", "--git-dir", str(args.repo), "rev-parse", "HEAD"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    header = (f"# prunelab against the official LLM-Pruner code ({commit[:7]}, hf_prune.py --block_wise): "
+              f"SmolLM2-135M's multi-head rewrite (rope base {rope_base:g}), {num_layers} layers, realtext "
+              f"calibration {args.nsamples} x {args.seqlen} tokens (seed {args.seed}) in one batch, ratio "
+              f"{args.ratio}; float32, CPU ({platform.processor() or platform.machine()}), torch "
+              f"{torch.__version__}, {args.threads} thread(s)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows, extra = [], ""
+    with tempfile.TemporaryDirectory(prefix="llm-pruner-official-") as tmp, importable(Path(tmp)):
+        copy_files(args.repo, official_files(args.repo), Path(tmp))
+        for name in UNUSED_PACKAGES:  # never touched by the LLaMA path; their transformers 4 imports fail
+            sys.modules[name] = types.ModuleType(name)
+        from LLMPruner.models.hf_llama import modeling_llama  # noqa: PLC0415  (from the copy)
+
+        with torch.no_grad():
+            reference = official_model(modeling_llama, dense, rope_base)
+            dlogits = (reference(token_ids).logits - dense(input_ids=token_ids).logits).abs().max().item()
+        del reference
+        extra += (f"{EXTRA_START} with the rope base set computes the same function as prunelab's "
+                  f"model: max abs dlogits {dlogits:.3g} on the calibration ids.\n")
+        for setting in args.settings:
+            pruner, taylor, keywords = SETTINGS[setting]
+            ours = copy.deepcopy(dense)
+            start = time.perf_counter()
+            keywords = {**ALL_LAYERS, **keywords}
+            report = prunelab.prune(ours, tokenizer, method="llm_pruner", calibration=token_ids, ratio=args.ratio,
+                                    batch_size=token_ids.shape[0], seed=args.seed, progress=False, **keywords)
+            layers = report["pruning"]["layers"]
+            seconds_ours = time.perf_counter() - start
+            theirs = official_model(modeling_llama, dense, rope_base)
+            start = time.perf_counter()
+            groups = run_official(Path(tmp), theirs, token_ids, args.ratio, pruner, taylor,
+                                  range(layers[0], layers[-1] + 1))
+            seconds_theirs = time.perf_counter() - start
+            heads, channels = kept_units(ours, dense, head_dim)
+            their_heads, their_channels = kept_units(theirs, dense, head_dim)
+            rows.append({"setting": setting, "ratio": args.ratio, "layers": f"{layers[0]}..{layers[-1]}", "heads_kept": sum(map(len, heads)),
+                         "channels_kept": sum(map(len, channels)),
+                         "differing_heads": differing(heads, their_heads),
+                         "differing_channels": differing(channels, their_channels),
+                         "max_abs_dW": largest_differences(ours, theirs)[0],
+                         "params_removed": report["pruning"]["width"]["params_removed"],
+                         "seconds_prunelab": seconds_ours, "seconds_official": seconds_theirs})
+            print(rows[-1], flush=True)
+            if setting == args.settings[0]:
+                extra += ("\nThe official groups' members, in its order (layer 0): "
+                          + "; ".join(", ".join(m for m in g if ".0." in m or "layers.0" in m) for g in groups[:2])
+                          + ".\n")
+            del ours, theirs
+            table = pd.DataFrame(rows)
+            table.to_csv(csv, index=False)
+            md.write_text(render(table, header, extra))
+    print(md.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
