@@ -211,3 +211,18 @@ def test_streamed_and_offloaded_runs_are_refused_in_one_line():
         check_streamable(setup)
     with pytest.raises(ConfigError, match="cannot yet run pruning=llm_pruner"):
         check_offloadable(setup.pruning, setup.recovery)
+
+
+def test_its_whole_model_backward_is_in_the_memory_plan(tmp_path):
+    """LLM-Pruner back-propagates the LM loss through the whole model: the plan counts the graph and
+    the gradient sums (`models.memory.estimate`), as it does for the gradient scorers."""
+    from hydra import compose, initialize_config_dir
+
+    from prunelab.cli import CONF_DIR, build_setup
+    from prunelab.pipeline import memory_request
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        setups = {name: build_setup(compose("config", overrides=[f"pruning={name}", f"paths.records_dir={tmp_path}"]))
+                  for name in ("llm_pruner", "wanda_sp")}
+    assert memory_request(setups["llm_pruner"]).layer_gradients
+    assert not memory_request(setups["wanda_sp"]).layer_gradients

@@ -187,7 +187,7 @@ def memory_request(setup: RunSetup) -> MemoryRequest:
     budget = int(setup.memory_budget_gb * GIB) if setup.memory_budget_gb else None
     work_dir = (Path(setup.output_dir) / "streamed_layers") if setup.output_dir else None
     gradients = any(getattr(part, "layer_gradients", False) for part in
-                    (getattr(setup.pruning, "scorer", None), getattr(setup.pruning, "allocation", None)))
+                    (setup.pruning, getattr(setup.pruning, "scorer", None), getattr(setup.pruning, "allocation", None)))
     return MemoryRequest(calib.nsamples * calib.seqlen, setup.calibration_batch_size * calib.seqlen, state,
                          budget, work_dir, gradients, forward_checkpoint=setup.evaluation.zeroshot is not None,
                          rewrites_layers=isinstance(setup.pruning, WeightPruning) or setup.recovery.name != "none")

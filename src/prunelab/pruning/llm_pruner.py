@@ -122,6 +122,7 @@ class LLMPruner:
     changes_shapes = True  # the efficiency evaluator measures it by default (evaluation.efficiency)
     streamable = False  # resizes the layers
     offloadable = False  # back-propagates through the whole model
+    layer_gradients = True  # back-propagates: its graph and gradient sums are planned (models.memory)
 
     def __init__(self, ratio: float = 0.25, params_removed: float | None = None, importance: str = "taylor",
                  taylor: str = "param_first", grouping_strategy: str = "sum", layer_start: int = 4,
