@@ -21,8 +21,9 @@ layer than Wanda or SparseGPT, and the record says how much.
 Measured against the official code (its `llama_sequential`, unedited, CPU shims; 32 x 256 realtext
 tokens, seed 0) on the first 4 layers of SmolLM2-135M: the defaults give its masks and weights bit
 for bit at `sparsity: 0.7` (its `sp=0.7`) and at `sparsity_type: 2:4` (its `--nm_n 2 --nm_m 4`), 0 of
-14,155,776 entries differing (results/benchmarks/official_alps.md); over all 30 layers at 2:4, 0 of
-106,168,320 (results/benchmarks/official_alps_all_layers.md).
+14,155,776 entries differing (results/benchmarks/official_alps.md); over all 30 layers with the
+defaults (`sparsity: 0.5`, its `sp=0.5`) and at 2:4, 0 of 106,168,320, weights equal
+(results/benchmarks/official_alps_all_layers.md).
 """
 
 from __future__ import annotations
