@@ -172,30 +172,55 @@ channels per layer. Times are CPU float16 on a shared machine, not a speed compa
 """
 
 
-def render(table: pd.DataFrame, header: str) -> str:
-    shown = table[list(COLUMNS)].rename(columns=COLUMNS).copy()
-    for column in ("max abs dW", "max abs dbias", "max abs bias"):
+def width_comparison_parser(description: str, nsamples: int, seqlen: int, ratio: float) -> argparse.ArgumentParser:
+    """The options of a width method's official-code comparison: where the table goes, the
+    calibration (its size and seed), the ratio, torch threads, and rendering the CSV only."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument("--nsamples", type=int, default=nsamples)
+    parser.add_argument("--seqlen", type=int, default=seqlen)
+    parser.add_argument("--ratio", type=float, default=ratio)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--render-only", action="store_true", help="rewrite the markdown from the CSV")
+    return parser
+
+
+def multi_head_setup(args, repo: Path, dtype: torch.dtype):
+    """(tokenizer, SmolLM2-135M's exact multi-head rewrite in `dtype`, the calibration ids from
+    `args`, the official repository's commit) for a width method's official-code comparison."""
+    loaded = load_smollm2()
+    dense = loaded.model.to(dtype).eval()
+    to_multi_head(ModelAdapter(dense))
+    token_ids = realtext_calibration(loaded.tokenizer, args.nsamples, args.seqlen, seed=args.seed)
+    commit = subprocess.run(["git", "--git-dir", str(repo), "rev-parse", "HEAD"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    return loaded.tokenizer, dense, token_ids, commit
+
+
+def width_table_markdown(table: pd.DataFrame, columns: dict[str, str], differences: tuple[str, ...]) -> str:
+    """A width comparison's rows as markdown: `differences` (weights, biases) to 3 significant
+    digits, the fraction of parameters removed to 4 decimals, seconds whole."""
+    shown = table[list(columns)].rename(columns=columns).copy()
+    for column in differences:
         shown[column] = shown[column].map(lambda v: f"{v:.3g}")
     shown["params removed"] = shown["params removed"].map(lambda v: f"{v:.4f}")
     for column in ("prunelab s", "official s"):
         shown[column] = shown[column].map(lambda t: f"{t:.0f}")
-    markdown = shown.to_markdown(index=False, disable_numparse=True)
+    return shown.to_markdown(index=False, disable_numparse=True)
+
+
+def render(table: pd.DataFrame, header: str) -> str:
+    markdown = width_table_markdown(table, COLUMNS, ("max abs dW", "max abs dbias", "max abs bias"))
     return header + "\n\n" + markdown + "\n\n" + NOTES
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = width_comparison_parser(__doc__, nsamples=16, seqlen=128, ratio=0.2)
     parser.add_argument("--flap-repo", type=Path, default=Path("/work/.mirror/CASIA-IVA-Lab+FLAP/repo"),
                         help="git directory of CASIA-IVA-Lab/FLAP")
-    parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
-    parser.add_argument("--nsamples", type=int, default=16)
-    parser.add_argument("--seqlen", type=int, default=128)
-    parser.add_argument("--ratio", type=float, default=0.2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
                         help="re-measure these methods; the other methods' rows are kept from the CSV")
-    parser.add_argument("--render-only", action="store_true", help="rewrite the markdown from the CSV")
     args = parser.parse_args()
     csv, md = args.out / "faithful_width.csv", args.out / "faithful_width.md"
     if args.render_only:
@@ -203,14 +228,8 @@ def main() -> int:
         print(md.read_text())
         return 0
     torch.set_num_threads(args.threads)
-    loaded = load_smollm2()
-    tokenizer = loaded.tokenizer
-    dense = loaded.model.half().eval()
+    tokenizer, dense, token_ids, commit = multi_head_setup(args, args.flap_repo, torch.float16)
     head_dim = dense.model.layers[0].self_attn.head_dim
-    to_multi_head(ModelAdapter(dense))
-    token_ids = realtext_calibration(tokenizer, args.nsamples, args.seqlen, seed=args.seed)
-    commit = subprocess.run(["git", "--git-dir", str(args.flap_repo), "rev-parse", "HEAD"], check=True,
-                            capture_output=True, text=True).stdout.strip()
     header = (f"# prunelab against the official FLAP code ({commit[:7]}): SmolLM2-135M's multi-head "
               f"rewrite, all {len(dense.model.layers)} layers, realtext calibration {args.nsamples} x "
               f"{args.seqlen} tokens (seed {args.seed}), ratio {args.ratio}; float16, CPU "

@@ -33,7 +33,6 @@ kept row of q_proj and gate_proj matched to its dense row).
 
 from __future__ import annotations
 
-import argparse
 import copy
 import logging
 import os
@@ -53,13 +52,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from faithful_width import differing, kept_units, largest_differences  # noqa: E402
+from faithful_width import (  # noqa: E402
+    differing, kept_units, largest_differences, multi_head_setup, width_comparison_parser, width_table_markdown,
+)
 from official_code import importable  # noqa: E402
-from oracles.compare import load_smollm2, realtext_calibration  # noqa: E402
 
 import prunelab  # noqa: E402
-from prunelab.models.adapter import ModelAdapter  # noqa: E402
-from prunelab.models.width import to_multi_head  # noqa: E402
 
 REPO = Path("/work/.mirror/horseee+LLM-Pruner/repo")
 SETTINGS = {  # row -> (official --pruner_type, --taylor, prunelab keywords)
@@ -205,25 +203,13 @@ on torch 2.13 without any shim. Times are CPU float32 on a shared machine, not a
 
 
 def render(table: pd.DataFrame, header: str, extra: str) -> str:
-    shown = table[list(COLUMNS)].rename(columns=COLUMNS).copy()
-    shown["max abs dW"] = shown["max abs dW"].map(lambda v: f"{v:.3g}")
-    shown["params removed"] = shown["params removed"].map(lambda v: f"{v:.4f}")
-    for column in ("prunelab s", "official s"):
-        shown[column] = shown[column].map(lambda t: f"{t:.0f}")
-    return header + "\n\n" + shown.to_markdown(index=False, disable_numparse=True) + "\n\n" + NOTES + extra
+    return header + "\n\n" + width_table_markdown(table, COLUMNS, ("max abs dW",)) + "\n\n" + NOTES + extra
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = width_comparison_parser(__doc__, nsamples=10, seqlen=64, ratio=0.25)
     parser.add_argument("--repo", type=Path, default=REPO, help="git directory of horseee/LLM-Pruner")
-    parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
-    parser.add_argument("--nsamples", type=int, default=10)
-    parser.add_argument("--seqlen", type=int, default=64)
-    parser.add_argument("--ratio", type=float, default=0.25)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
-    parser.add_argument("--render-only", action="store_true", help="rewrite the markdown from the CSV")
     args = parser.parse_args()
     csv, md = args.out / "official_llm_pruner.csv", args.out / "official_llm_pruner.md"
     if args.render_only:
@@ -233,15 +219,10 @@ def main() -> int:
         print(md.read_text())
         return 0
     torch.set_num_threads(args.threads)
-    loaded = load_smollm2()
-    tokenizer, dense = loaded.tokenizer, loaded.model.float().eval()
+    tokenizer, dense, token_ids, commit = multi_head_setup(args, args.repo, torch.float32)
     head_dim = dense.model.layers[0].self_attn.head_dim
     rope_base = dense.config.rope_parameters["rope_theta"]
-    to_multi_head(ModelAdapter(dense))
     num_layers = len(dense.model.layers)
-    token_ids = realtext_calibration(tokenizer, args.nsamples, args.seqlen, seed=args.seed)
-    commit = subprocess.run(["git", "--git-dir", str(args.repo), "rev-parse", "HEAD"], check=True,
-                            capture_output=True, text=True).stdout.strip()
     header = (f"# prunelab against the official LLM-Pruner code ({commit[:7]}, hf_prune.py --block_wise): "
               f"SmolLM2-135M's multi-head rewrite (rope base {rope_base:g}), {num_layers} layers, realtext "
               f"calibration {args.nsamples} x {args.seqlen} tokens (seed {args.seed}) in one batch, ratio "
