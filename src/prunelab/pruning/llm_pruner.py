@@ -271,7 +271,8 @@ def _gradient_sums(ctx: PruneContext, samples: torch.Tensor, batch_size: int, la
 
 
 def _complement(removed: torch.Tensor, total: int) -> torch.Tensor:
-    """The sorted indices 0..total-1 not in `removed`."""
+    """The sorted indices 0..total-1 not in `removed`, on the CPU on purpose: a few thousand
+    indices, which `models.width.resize_layer` moves to each weight's device."""
     keep = torch.ones(total, dtype=torch.bool)
     keep[removed.cpu()] = False
     return torch.where(keep)[0]
