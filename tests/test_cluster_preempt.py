@@ -37,8 +37,13 @@ def no_leases_left(sweep: Sweep) -> None:
 
 
 def job_folders(sweep: Sweep) -> list[str]:
-    """One folder per submitted SLURM job (an array task) under the sweep's .submitit/."""
-    return sorted(p.name for p in (sweep.root / "multirun" / ".submitit").glob("*_*") if p.is_dir())
+    """One folder per submitted SLURM job under the sweep's .submitit/: `21_0`, `21_1` for the tasks
+    of an array (whose own folder `21` holds its submission script), `22` for a lone job (submitit
+    submits a sweep of one run as a plain job, not as an array of one)."""
+    names = {p.name for p in (sweep.root / "multirun" / ".submitit").glob("*") if p.is_dir()}
+    tasks = {name for name in names if re.fullmatch(r"\d+_\d+", name)}
+    arrays = {name.split("_")[0] for name in tasks}
+    return sorted(tasks | {name for name in names if name.isdigit() and name not in arrays})
 
 
 def start_requeued_job_now(job: str, timeout: float = 60) -> None:
