@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import prunelab
 from prunelab.errors import ConfigError, UnsupportedModelError
 from prunelab.models.adapter import ModelAdapter
-from prunelab.models.slicing import fuse_norms
+from prunelab.models.slicing import fuse_norms, slicing_parameter_change
 from prunelab.pruning.slicegpt import SliceGPT
 from prunelab.scoring.slicegpt import pca_calc, random_orthogonal_upper_left, sliced_dimension
 
@@ -106,4 +106,44 @@ def test_unsupported_architecture_is_refused_before_any_weight(tiny_model_dirs):
     before = [p.clone() for p in model.parameters()]
     with pytest.raises(UnsupportedModelError, match="supported: llama, mistral, qwen2, qwen3"):
         prunelab.prune(model, tokenizer, method="slicegpt", calibration=IDS, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen2", "qwen3"))
+def test_the_counted_change_is_the_sliced_models_count(tiny_model_dirs, arch):
+    """`slicing_parameter_change` counts from the dense shapes what the rewrite really does."""
+    for dim in (8, 16, 24):
+        model, tokenizer = load(tiny_model_dirs, arch)
+        change = slicing_parameter_change(ModelAdapter(model), dim)
+        dense = sum(p.numel() for p in model.parameters())
+        report = prunelab.prune(model, tokenizer, method="slicegpt", sparsity=1 - dim / 32, calibration=IDS,
+                                progress=False)
+        assert report["pruning"]["width"]["sliced_dimension"] == dim
+        assert sum(p.numel() for p in model.parameters()) == dense + change
+
+
+def test_a_parameter_budget_picks_the_dimension_nearest_to_it(tiny_model_dirs):
+    model, tokenizer = load(tiny_model_dirs)
+    adapter = ModelAdapter(model)
+    dense = sum(p.numel() for p in model.parameters())
+    removed = {d: -slicing_parameter_change(adapter, d) / dense for d in (8, 16, 24)}
+    assert removed[8] > removed[16] > removed[24]  # fewer dimensions kept, fewer parameters
+    target = round(removed[16] + 0.3 * (removed[8] - removed[16]), 4)  # nearer to 16's than to 8's
+    report = prunelab.prune(model, tokenizer, method="slicegpt", params_removed=target, round_interval=8,
+                            calibration=IDS, progress=False)
+    width = report["pruning"]["width"]
+    assert width["sliced_dimension"] == 16 and width["params_removed_target"] == target
+    assert width["params_removed"] == pytest.approx(removed[16], abs=1e-12)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"params_removed": 0}, "must be in \\(0, 1\\)"),
+    ({"params_removed": 1.0}, "must be in \\(0, 1\\)"),
+    ({"params_removed": 0.7}, "cannot remove 0.7 of this model's parameters"),
+])
+def test_a_budget_out_of_reach_is_one_line_before_any_weight(tiny_model_dirs, options, message):
+    model, tokenizer = load(tiny_model_dirs)
+    before = [p.clone() for p in model.parameters()]
+    with pytest.raises(ConfigError, match=message):
+        prunelab.prune(model, tokenizer, method="slicegpt", calibration=IDS, progress=False, **options)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

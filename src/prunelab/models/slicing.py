@@ -157,6 +157,31 @@ def fuse_norms(adapter: ModelAdapter) -> None:
     _replace(adapter.model, arch.final_norm, ReferenceRMSNorm(hidden))
 
 
+def _numel(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def slicing_parameter_change(adapter: ModelAdapter, dim: int) -> int:
+    """Parameters SliceGPT adds (positive) or removes (negative) when it keeps `dim` of the dense
+    hidden size, from the dense model's shapes alone (no weight is read or changed):
+    the norms' weights go (fused), a tied head is untied (its weights counted a second time), the
+    embeddings, q/k/v and gate/up lose columns, o_proj and down_proj (except the last layer's) lose
+    rows, and every layer gains its two shortcut matrices (d x d, the last one's d x D)."""
+    hidden, n = adapter.hidden_size, adapter.num_layers
+    cut = hidden - dim
+    head, embeddings = adapter.lm_head, _embeddings(adapter)
+    change = head.weight.numel() if any(head.weight is e.weight for e in embeddings) else 0
+    change -= _numel(adapter.final_norm) + sum(e.num_embeddings * cut for e in embeddings)
+    for index, layer in enumerate(adapter.layers):
+        last = index == n - 1
+        change -= sum(_numel(norm) for norm in adapter.norms(layer))
+        change -= sum(linear.out_features * cut for linear in attention_inputs(adapter, layer) + mlp_inputs(adapter, layer))
+        for writer in adapter.residual_writers(layer)[:1 if last else 2]:
+            change -= (writer.in_features + (writer.bias is not None)) * cut
+        change += dim * dim + dim * (hidden if last else dim)
+    return change
+
+
 def rotate_inputs(linears: list[nn.Linear], Q: torch.Tensor) -> None:
     """W <- W Q ([out, in] @ [in, in]) in float64."""
     for linear in linears:

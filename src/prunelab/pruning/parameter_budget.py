@@ -10,7 +10,7 @@ back (FLAP's compensation biases) counts against the budget. Pure arithmetic, no
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prunelab.errors import ConfigError
 
@@ -69,3 +69,28 @@ def uniform_counts(total: int, target: float, num_layers: int, unit_costs: tuple
         raise ConfigError(f"pruning.params_removed={target} would remove every MLP channel of every layer: "
                           "use a smaller target")
     return heads, channels
+
+
+def dimension_for_fraction(change_of: Callable[[int], int], total: int, target: float, hidden: int,
+                           round_interval: int) -> int:
+    """SliceGPT's kept dimension at a parameter budget: the multiple of `round_interval` below
+    `hidden` whose slicing comes nearest to removing `target` x `total` parameters.
+
+    change_of(d): parameters the slicing adds (positive) or removes (negative) at kept dimension d;
+    not linear in d (the shortcut matrices grow as d^2, untying a head adds a constant), so every
+    candidate is counted. A budget beyond what any candidate removes is one line; one between two
+    candidates further apart than 2 x TOLERANCE (a small model) gets the nearest, and the record's
+    achieved fraction says how near.
+    """
+    check_fraction(target)
+    candidates = range(round_interval, hidden, round_interval)
+    if not candidates:
+        raise ConfigError(f"SliceGPT has no dimension to keep below the hidden size {hidden} in steps of "
+                          f"pruning.round_interval={round_interval}")
+    removed = {d: -change_of(d) / total for d in candidates}
+    low, high = min(removed.values()), max(removed.values())
+    if not low - TOLERANCE <= target <= high + TOLERANCE:
+        raise ConfigError(f"SliceGPT cannot remove {target} of this model's parameters (its shortcut matrices "
+                          f"and untied head cost parameters): kept dimensions {round_interval}..{candidates[-1]} "
+                          f"remove {low:.3f} to {high:.3f}")
+    return min(candidates, key=lambda d: (abs(removed[d] - target), -d))

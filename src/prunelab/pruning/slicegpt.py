@@ -13,7 +13,10 @@ Deleting Rows and Columns", ICLR 2024 (microsoft/TransformerCompression,
    rows; the shortcut matrices carry the residual from one basis (and width) to the next;
 4. the head is rotated by the last basis and never sliced, so the last layer writes the full width.
 `sparsity` is the fraction of the hidden dimension sliced: d = int((1 - sparsity) D) rounded down
-to a multiple of `round_interval` (8), the same d everywhere. `final_orientation: random` (the
+to a multiple of `round_interval` (8), the same d everywhere. `params_removed` replaces it with a
+budget shared with the other width and depth methods (`pruning.parameter_budget`): the multiple of
+`round_interval` whose sliced model comes nearest to that fraction of the dense parameters removed
+(counted from the shapes before anything is touched: `models.slicing.slicing_parameter_change`). `final_orientation: random` (the
 reference's default) multiplies each kept basis by a random orthogonal matrix, drawn here from a
 RandomState seeded with the run's seed (the reference's np.random is unseeded); `pca` keeps the
 principal axes. Either way the function is the same up to rounding.
@@ -37,8 +40,8 @@ from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError, check_choice
 from prunelab.models.slicing import (attention_inputs, check_sliceable, fuse_norms, mlp_inputs, record_slicing,
                                      rotate_and_slice_embeddings, rotate_inputs, rotate_output, set_shortcut,
-                                     shortcut_layer, slice_inputs, slice_output)
-from prunelab.pruning.parameter_budget import removed_fraction
+                                     shortcut_layer, slice_inputs, slice_output, slicing_parameter_change)
+from prunelab.pruning.parameter_budget import TOLERANCE, check_fraction, dimension_for_fraction, removed_fraction
 from prunelab.pruning.report import layer_parameters, parameter_counts
 from prunelab.scoring.slicegpt import pca_calc, random_orthogonal_upper_left, sliced_dimension
 
@@ -51,22 +54,31 @@ class SliceGPT:
     changes_shapes = True  # the efficiency evaluator measures it by default (evaluation.efficiency)
     streamable = False
 
-    def __init__(self, sparsity: float = 0.25, round_interval: int = 8, final_orientation: str = "random"):
-        if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0 < sparsity < 1:
+    def __init__(self, sparsity: float = 0.25, params_removed: float | None = None, round_interval: int = 8,
+                 final_orientation: str = "random"):
+        check_fraction(params_removed)
+        if params_removed is None and (isinstance(sparsity, bool) or not isinstance(sparsity, (int, float))
+                                       or not 0 < sparsity < 1):
             raise ConfigError(f"pruning.sparsity is the fraction of the hidden dimension sliced, in (0, 1), "
                               f"not {sparsity!r}")
         if isinstance(round_interval, bool) or not isinstance(round_interval, int) or round_interval < 1:
             raise ConfigError(f"pruning.round_interval must be a positive integer, not {round_interval!r}")
         check_choice("pruning.final_orientation", final_orientation, ORIENTATIONS)
-        self.sparsity, self.round_interval, self.final_orientation = float(sparsity), round_interval, final_orientation
+        self.sparsity = None if params_removed is not None else float(sparsity)
+        self.params_removed, self.round_interval, self.final_orientation = params_removed, round_interval, final_orientation
 
     def labels(self) -> dict[str, Any]:
-        return {"method": self.name, "sparsity": self.sparsity, "final_orientation": self.final_orientation}
+        return {"method": self.name, "sparsity": self.sparsity, "params_removed": self.params_removed,
+                "final_orientation": self.final_orientation}
 
     def score(self, ctx: PruneContext) -> int:
         """Every check before any weight is touched; the kept dimension."""
         adapter = ctx.loaded.adapter
         check_sliceable(adapter)
+        if self.params_removed is not None:
+            return dimension_for_fraction(lambda d: slicing_parameter_change(adapter, d),
+                                          parameter_counts(adapter)["total"], self.params_removed,
+                                          adapter.hidden_size, self.round_interval)
         dim = sliced_dimension(adapter.hidden_size, self.sparsity, self.round_interval)
         if dim >= adapter.hidden_size:
             raise ConfigError(f"SliceGPT at sparsity {self.sparsity} with round_interval {self.round_interval} "
@@ -127,12 +139,16 @@ class SliceGPT:
         record_slicing(adapter)
         pruned_total = parameter_counts(adapter)["total"]
         after = layer_parameters(adapter)
+        achieved = removed_fraction(dense_total, pruned_total)
         log.info("SliceGPT: hidden %d -> %d; %d -> %d parameters (%.2f%% removed)", hidden, dim, dense_total,
-                 pruned_total, 100 * removed_fraction(dense_total, pruned_total))
+                 pruned_total, 100 * achieved)
+        if self.params_removed is not None and abs(achieved - self.params_removed) > TOLERANCE:
+            log.warning("SliceGPT removed %.4f of the parameters, target %.4f (the nearest kept dimension in "
+                        "steps of %d)", achieved, self.params_removed, self.round_interval)
         details = {"width": {
             "dense_hidden_size": hidden, "sliced_dimension": dim,
             "parameters_before": dense_total, "parameters_after": pruned_total,
-            "params_removed": removed_fraction(dense_total, pruned_total),
+            "params_removed_target": self.params_removed, "params_removed": achieved,
             "per_layer": [{"layer": i, "parameters_before": dense_layers[i], "parameters_after": after[i]}
                           for i in range(n)]},
             "eigenvalues": eigenvalues}
