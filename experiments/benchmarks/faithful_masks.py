@@ -13,6 +13,11 @@ compared with every prunelab setting.
     python experiments/benchmarks/faithful_masks.py --render-only  # the markdown from the CSV
 
 The CI counterpart on the first two layers is tests/test_faithful_references.py.
+
+Below that table, the rows of the comparisons with the official code itself (RIA, DSnoT, ALPS,
+DLP: each official repository run unedited with CPU shims, `official_*.py`) are gathered from
+their CSVs, whole-model rows only (`official_ria.csv`, `official_dsnot.csv`,
+`official_alps_all_layers.csv`, `official_dlp_masks.csv`): one place for every mask comparison.
 """
 
 from __future__ import annotations
@@ -53,6 +58,32 @@ def linears_with_differences(per_linear: dict[str, int]) -> str:
     return " ".join(f"{name}:{count}" for name, count in sorted(totals.items()) if count) or "none"
 
 
+OFFICIAL_CSVS = ("official_ria.csv", "official_dsnot.csv", "official_alps_all_layers.csv", "official_dlp_masks.csv")
+OFFICIAL_COLUMNS = {"method": "method", "sparsity": "sparsity", "setting": "prunelab setting",
+                    "official": "official arguments", "differing_entries": "differing entries",
+                    "total_entries": "total entries", "layers_with_differences": "layers with differences",
+                    "max_abs_dW": "max abs dW"}
+
+
+def render_official(folder: Path) -> str:
+    """The official-code comparisons' whole-model rows, from their CSVs in `folder`."""
+    tables = [pd.read_csv(folder / name) for name in OFFICIAL_CSVS if (folder / name).exists()]
+    if not tables:
+        return ""
+    shown = pd.concat(tables, ignore_index=True)[list(OFFICIAL_COLUMNS)].rename(columns=OFFICIAL_COLUMNS)
+    for column in ("differing entries", "total entries"):
+        shown[column] = shown[column].map(lambda n: f"{int(n):,}")
+    shown["max abs dW"] = shown["max abs dW"].map(lambda v: "" if pd.isna(v) else f"{v:.3g}")
+    markdown = shown.to_markdown(index=False, disable_numparse=True,
+                                 colalign=["left"] * 4 + ["right"] * 2 + ["left", "right"])
+    return ("\n## Against the official code (all 30 layers; from " + ", ".join(OFFICIAL_CSVS)
+            + ")\n\nEach official repository run unedited on the same calibration (CPU shims: "
+            "`experiments/benchmarks/official_*.py`); the per-method files give times, shims and partial-"
+            "layer rows. DSnoT's swaps are counted in `official_dsnot.csv`; DLP's per-layer ratios in "
+            "`official_dlp.md` (max abs difference 0). `max abs dW`: ALPS's weights after its "
+            "post-processing (the others keep the dense values of what they keep).\n\n" + markdown + "\n")
+
+
 def render(table: pd.DataFrame, header: str) -> str:
     """Markdown of the table, every number formatted here (tabulate would reformat them)."""
     shown = table[list(COLUMNS)].rename(columns=COLUMNS).copy()
@@ -83,7 +114,7 @@ def main() -> int:
     csv, md = args.out / "faithful_masks.csv", args.out / "faithful_masks.md"
     if args.render_only:
         table = pd.read_csv(csv)
-        md.write_text(render(table, md.read_text().split("\n\n", 1)[0]))
+        md.write_text(render(table, md.read_text().split("\n\n", 1)[0]) + render_official(args.out))
         print(md.read_text())
         return 0
     torch.set_num_threads(args.threads)
@@ -116,7 +147,7 @@ def main() -> int:
                 order = list(SETTINGS)  # the table in method order whatever was re-measured
                 table = pd.DataFrame(rows).sort_values("method", key=lambda c: c.map(order.index), kind="stable")
                 table.to_csv(csv, index=False)
-                md.write_text(render(table, header))
+                md.write_text(render(table, header) + render_official(args.out))
             del oracle
     print(md.read_text())
     return 0
