@@ -12,7 +12,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from prunelab.cli import CONF_DIR, build_setup, check_overrides, group_options, model_preset
+from prunelab.cli import CONF_DIR, build_setup, check_composes, check_overrides, group_options, model_preset
+from prunelab.config import compose_config
 from prunelab.errors import ConfigError
 from prunelab.pruning.base import first_stage
 
@@ -115,6 +116,22 @@ def test_cli_prints_one_line_for_bad_input(tmp_path, module):
     result = run_cli(["pruning=wandaa"], tmp_path, module)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "unknown pruning option 'wandaa'" in result.stderr
+
+
+def test_a_setting_of_the_methods_an_arm_sweep_chooses_is_one_line_naming_double_plus(tmp_path):
+    """`pruning.params_removed` is not in the default method's config (Wanda), which a sweep's runs
+    start from: Hydra's own advice (`+`) fails in every run whose method has the key."""
+    result = run_cli(["-m", "arm=flap,depth_sleb", "pruning.params_removed=0.2"], tmp_path)
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+    assert "write ++pruning.params_removed=0.2" in result.stderr and "(arm)" in result.stderr
+    result = run_cli(["experiment=width_vs_depth", "pruning.params_removed=0.2"], tmp_path)  # its sweep: arm
+    assert result.returncode == 2 and "write ++pruning.params_removed=0.2" in result.stderr, result.stderr
+    check_composes(["-m", "arm=flap,depth_sleb", "++pruning.params_removed=0.2"])
+    for arm, target in (("flap", "prunelab.pruning.flap.FLAP"), ("depth_sleb", "prunelab.pruning.depth.DepthPruning")):
+        cfg = compose_config([f"arm={arm}", "++pruning.params_removed=0.2"])  # what each run composes
+        assert cfg.pruning._target_ == target and cfg.pruning.params_removed == 0.2
+    with pytest.raises(ConfigError, match="unknown pruning option"):  # a sweep's fixed part is still checked
+        check_composes(["-m", "seed=0,1", "pruning=wandaa"])
 
 
 def test_cli_run_writes_a_complete_record_and_resumes(tiny_model_dirs, text_file, tmp_path):

@@ -112,20 +112,60 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         raise ConfigError(composition_message(err, overrides)) from None
 
 
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
 def check_composes(overrides: list[str]) -> None:
-    """A single run's overrides compose (Hydra's own error is several lines): a ConfigError of one.
-    Skipped for multirun and Hydra flags, whose values Hydra checks per job."""
-    if any(o.startswith("-") for o in overrides):
+    """The overrides compose (Hydra's own error is several lines): a ConfigError of one. In a
+    sweep, the config every run starts from (the sweep's choices left out, as Hydra composes it);
+    other Hydra flags are left to Hydra."""
+    if any(o.startswith("-") and o not in MULTIRUN_FLAGS for o in overrides):
         return
-    overrides = [o for o in overrides if not o.startswith("hydra")]
+    overrides = [o for o in overrides if not o.startswith("-") and not o.startswith("hydra")]
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
-        if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides)):
-            return  # a sweep (pruning=a,b): Hydra composes each job
+        parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as err:
         raise ConfigError(composition_message(err, overrides)) from None
-    compose_config(overrides)
+    plain = [o.input_line for o in parsed if not o.is_sweep_override()]
+    swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
+    try:
+        compose_config(plain)
+    except ConfigError as err:
+        raise ConfigError(per_run_setting_hint(str(err), plain, swept) or str(err)) from None
+
+
+def per_run_setting_hint(message: str, plain: list[str], swept: list[str]) -> str | None:
+    """A setting of a method the sweep chooses per run (`arm=flap,depth_sleb
+    pruning.params_removed=0.2`) is not in the config every run starts from (the default method's):
+    Hydra's advice, `+key`, then fails in every run whose method has it; `++key` is what works."""
+    match = re.search(r"Could not override '([^']+)'", message)
+    if not match or "." not in match.group(1):
+        return None
+    key = match.group(1)
+    group = key.split(".", 1)[0]
+    override = next((o for o in plain if o.split("=", 1)[0] == key), None)
+    if override is None:
+        return None
+    rest = [o for o in plain if o != override]
+    try:
+        from hydra import compose, initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(PACKAGE_CONF), version_base="1.3"):
+            cfg = compose("config", overrides=rest, return_hydra_config=True)
+        swept = swept + [str(k) for k in (OmegaConf.select(cfg, "hydra.sweeper.params") or {})]
+        chosen = OmegaConf.select(cfg, f"hydra.runtime.choices.{group}") or "its default"
+    except Exception:
+        return None
+    by = [k for k in swept if k in ("arm", group)]
+    if not by:
+        return None
+    return (f"{key} is not a setting of {group}={chosen}, which every run of this sweep starts from; "
+            f"the sweep chooses {group} per run ({', '.join(by)}): write ++{override} (each run "
+            f"whose {group} has it takes it)")
 
 
 def composition_message(err: Exception, overrides: list[str]) -> str:
