@@ -41,7 +41,7 @@ models' state dicts by name (embeddings, q/k/v/o, gate/up/down, both shortcut ma
 the kept dimensions and parameter counts, and the logits and perplexity on 4 windows of 512 tokens
 spread over the held-out realtext split. Float32 on the CPU.
 
-    python experiments/benchmarks/official_slicegpt.py   # ~15 min, 1 thread
+    python experiments/benchmarks/official_slicegpt.py   # ~14 min, 1 thread
     python experiments/benchmarks/official_slicegpt.py --render-only
 """
 
