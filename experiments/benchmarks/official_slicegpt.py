@@ -35,8 +35,8 @@ A spy around `rotate.pca_calc` records each eigenvalue vector it returns (read o
 function returns none of them).
 
 prunelab runs `pruning=slicegpt` with the same sparsity and orientation, seed 0, the same token ids
-in batches of 16 (`batch_size=16`; the pipeline's default calibration batch is 1: one extra row
-uses it). Compared: every eigenvalue (3 per layer + the embeddings'), every tensor of the sliced
+at its defaults (`calibration_batch_size` 16, the reference's batches; one extra row sets it to 1,
+the batch the pipeline uses for other methods). Compared: every eigenvalue (3 per layer + the embeddings'), every tensor of the sliced
 models' state dicts by name (embeddings, q/k/v/o, gate/up/down, both shortcut matrices, the head),
 the kept dimensions and parameter counts, and the logits and perplexity on 4 windows of 512 tokens
 spread over the held-out realtext split. Float32 on the CPU.
@@ -83,7 +83,7 @@ SETTINGS = {
     "pca, sparsity 0.25": (0.25, "pca", OFFICIAL_BATCH),
     "pca, sparsity 0.3": (0.3, "pca", OFFICIAL_BATCH),
     "random, sparsity 0.25": (0.25, "random", OFFICIAL_BATCH),
-    "pca, sparsity 0.25, prunelab batch 1": (0.25, "pca", 1),
+    "pca, sparsity 0.25, calibration_batch_size 1": (0.25, "pca", 1),
 }
 EVAL_WINDOWS, EVAL_SEQLEN = 4, 512
 COLUMNS = {"setting": "setting", "kept_dim": "kept d", "shapes_equal": "shapes equal",
@@ -270,8 +270,9 @@ equal means bit for bit: no float tolerance is needed for the first three rows. 
 the official default orientation: with `np.random.seed(0)` before `rotate_and_slice`, the official
 draws are those of prunelab's `RandomState(0)` (the same sizes in the same order: d for the
 embeddings, then per layer d after attention and d after the MLP, 576 after the last MLP), so its
-weights are equal too. The last row gives prunelab the pipeline's default calibration batch (one
-sequence per forward) against the official 16: the same data summed in another order (H a sum of 32
+weights are equal too. The last row sets prunelab's `calibration_batch_size` to 1 (one sequence per
+forward, the batch the pipeline gives other methods, and SliceGPT's before the setting existed)
+against the official 16: the same data summed in another order (H a sum of 32
 per-sequence X^T X instead of 2 per-16 ones, the layers' matmuls on other shapes), so the float64
 H differ in their last bits and `torch.linalg.eigh` may return an eigenvector with the other sign
 (or, for two close eigenvalues, another basis of their span); every weight written through it then
@@ -331,7 +332,7 @@ def main() -> int:
                     start = time.perf_counter()
                     report = prunelab.prune(ours, tokenizer, method="slicegpt", calibration=token_ids,
                                             sparsity=sparsity, final_orientation=orientation, seed=SEED,
-                                            batch_size=batch_size, progress=False)
+                                            calibration_batch_size=batch_size, progress=False)
                     seconds_ours = time.perf_counter() - start
                 our_logits = window_logits(ours, windows)
                 _, eig_rel = eigenvalue_difference(report["pruning"]["eigenvalues"], their_pcas)
