@@ -76,6 +76,25 @@ def test_seeded_orientation_is_reproducible(tiny_model_dirs):
     assert torch.equal(weights[0], weights[1])
 
 
+@pytest.mark.parametrize(("options", "expected"), [({}, 16), ({"calibration_batch_size": None}, 3)])
+def test_layers_see_the_references_batches_unless_told_otherwise(tiny_model_dirs, monkeypatch, options, expected):
+    """The reference sums each PCA batch by batch (--cal-batch-size 16): its batches, not the
+    run's runtime.calibration_batch_size (here 3), unless the setting is null."""
+    import prunelab.pruning.slicegpt as slicegpt_module
+
+    seen = []
+    original = slicegpt_module.capture_layer_inputs
+
+    def spy(adapter, samples, batch_size=1, *args, **kwargs):
+        seen.append(batch_size)
+        return original(adapter, samples, batch_size, *args, **kwargs)
+
+    monkeypatch.setattr(slicegpt_module, "capture_layer_inputs", spy)
+    model, tokenizer = load(tiny_model_dirs)
+    prunelab.prune(model, tokenizer, method="slicegpt", calibration=IDS, progress=False, batch_size=3, **options)
+    assert seen == [expected]
+
+
 def test_save_and_reload_gives_the_same_logits(tiny_model_dirs, tmp_path):
     model, tokenizer = load(tiny_model_dirs)
     prunelab.prune(model, tokenizer, method="slicegpt", sparsity=0.25, calibration=IDS, progress=False)
@@ -92,6 +111,7 @@ def test_save_and_reload_gives_the_same_logits(tiny_model_dirs, tmp_path):
     ({"sparsity": 1e-20, "round_interval": 1}, "slices nothing"),  # int((1 - 1e-20) x 32) = 32
     ({"sparsity": 0.9, "round_interval": 8}, "would keep no dimension"),
     ({"final_orientation": "svd"}, "final_orientation must be one of"),
+    ({"calibration_batch_size": 0}, "calibration_batch_size must be a positive integer or null"),
 ])
 def test_bad_settings_are_one_line_before_any_weight(tiny_model_dirs, options, message):
     model, tokenizer = load(tiny_model_dirs)
