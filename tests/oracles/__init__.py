@@ -22,6 +22,9 @@ shares none of its code can be compared mask entry by mask entry:
 - `oracles.llm_pruner`: LLM-Pruner's block-wise Taylor (and l1/l2) importance of heads with their
   key/value group and of MLP channels, cut out of a Llama (Ma, Fang & Wang, "LLM-Pruner: On the
   Structural Pruning of Large Language Models", NeurIPS 2023).
+- `oracles.slicegpt`: SliceGPT's norm fusion, PCA of every residual point, rotation and deletion of
+  the smallest principal directions with the shortcut matrices (Ashkboos et al., "SliceGPT: Compress
+  Large Language Models by Deleting Rows and Columns", ICLR 2024).
 
 Nothing in these modules imports prunelab (`tests/test_faithful_references.py` checks it); they
 know Llama's attribute paths and nothing else, so they serve Llama-family models (SmolLM2) only.

@@ -45,26 +45,28 @@ class _Catcher(nn.Module):
 
 
 @torch.no_grad()
-def capture_layer0_inputs(model: nn.Module, token_ids: torch.Tensor
+def capture_layer0_inputs(model: nn.Module, token_ids: torch.Tensor, batch_size: int = 1
                           ) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
-    """What decoder layer 0 receives for each calibration sample, one sample per forward pass.
+    """What decoder layer 0 receives for each calibration sample, one sample per forward pass
+    (or `batch_size` consecutive samples per forward, as SliceGPT's reference batches them).
 
     Args:
         model: a Hugging Face `LlamaForCausalLM` (anything with `model.model.layers`).
         token_ids: [nsamples, seqlen] calibration token ids.
 
     Returns:
-        (hidden states, one [1, seqlen, hidden] per sample; the keyword arguments layer 0 got for
-        that sample: attention mask, position ids, rotary position embeddings, cache flags).
+        (hidden states, one [batch, seqlen, hidden] per forward (batch 1 by default); the keyword
+        arguments layer 0 got for it: attention mask, position ids, rotary position embeddings,
+        cache flags).
     """
     layers = model.model.layers
     original = layers[0]
     catcher = _Catcher(original)
     layers[0] = catcher
     try:
-        for j in range(token_ids.shape[0]):
+        for j in range(0, token_ids.shape[0], batch_size):
             try:
-                model(input_ids=token_ids[j : j + 1], use_cache=False)
+                model(input_ids=token_ids[j : j + batch_size], use_cache=False)
             except _StopForward:
                 pass
     finally:
