@@ -204,3 +204,29 @@ def test_streamed_wrp_keeps_its_norms_beside_its_rows_on_the_host(tiny_model_dir
         for form in ("gram", "raw"):
             similarity = WeightRedundancy(form)._streamed_matrix(on_gpu, progress=False)["similarity"]
             assert similarity.shape == (3, 3) and similarity.device.type == "cpu"
+
+
+def test_a_streamed_models_rotary_frequencies_are_computed_on_the_cpu_like_a_resident_ones(tiny_model_dirs,
+                                                                                           monkeypatch):
+    """Computed on a GPU, `inv_freq` differs from the CPU's in its last bit: on an H200 a streamed
+    run (skeleton built with its rotary embedding on the GPU) flipped 0.12-0.14% of Wanda's mask
+    entries against the resident run (from_pretrained on the CPU, then moved). The skeleton's rotary
+    embedding is now built on the CPU and moved; `meta` stands in for the GPU."""
+    from transformers import AutoModelForCausalLM
+
+    from prunelab.models.architectures import architecture_for
+    from prunelab.models.streaming import rebuild_rotary
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"])
+    rotary_type = type(model.model.rotary_emb)
+    computed_on = []
+    original_init = rotary_type.__init__
+
+    def spy(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        computed_on.append(self.inv_freq.device)
+
+    monkeypatch.setattr(rotary_type, "__init__", spy)
+    rebuild_rotary(model, architecture_for(model.config.model_type), torch.device("meta"))
+    assert computed_on == [torch.device("cpu")]
+    assert model.model.rotary_emb.inv_freq.device.type == "meta"
