@@ -21,7 +21,7 @@ import platform
 import subprocess
 import sys
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -108,6 +108,17 @@ def comparison_parser(description: str, repo_option: str) -> argparse.ArgumentPa
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--render-only", action="store_true")
     return parser
+
+
+def render_committed(csv: Path, md: Path, render: Callable[..., str], extra_start: str) -> None:
+    """--render-only: rewrite `md` from the committed `csv` with `render(table, header, extra)`,
+    keeping the markdown's first paragraph (the header) and its measured lines from `extra_start`."""
+    import pandas as pd
+
+    header, _, rest = md.read_text().partition("\n\n")
+    extra = rest[rest.find(extra_start):] if extra_start in rest else ""
+    md.write_text(render(pd.read_csv(csv), header, extra))
+    print(md.read_text())
 
 
 def comparison_header(what: str, args: argparse.Namespace, setting: str = "") -> str:

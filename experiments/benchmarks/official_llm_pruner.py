@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faithful_width import (  # noqa: E402
     differing, kept_units, largest_differences, multi_head_setup, width_comparison_parser, width_table_markdown,
 )
-from official_code import importable  # noqa: E402
+from official_code import importable, render_committed  # noqa: E402
 
 import prunelab  # noqa: E402
 
@@ -213,10 +213,7 @@ def main() -> int:
     args = parser.parse_args()
     csv, md = args.out / "official_llm_pruner.csv", args.out / "official_llm_pruner.md"
     if args.render_only:
-        header, _, rest = md.read_text().partition("\n\n")
-        extra = rest[rest.find(EXTRA_START):] if EXTRA_START in rest else ""
-        md.write_text(render(pd.read_csv(csv), header, extra))
-        print(md.read_text())
+        render_committed(csv, md, render, EXTRA_START)
         return 0
     torch.set_num_threads(args.threads)
     tokenizer, dense, token_ids, commit = multi_head_setup(args, args.repo, torch.float32)

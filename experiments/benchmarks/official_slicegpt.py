@@ -66,7 +66,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from official_code import SECONDS_NOTE, comparison_parser, importable, official_copy  # noqa: E402
+from official_code import SECONDS_NOTE, comparison_parser, importable, official_copy, render_committed  # noqa: E402
 from oracles.compare import load_smollm2, realtext_calibration  # noqa: E402
 
 import prunelab  # noqa: E402
@@ -290,10 +290,7 @@ def main() -> int:
     args = parser.parse_args()
     csv, md = args.out / "official_slicegpt.csv", args.out / "official_slicegpt.md"
     if args.render_only:
-        header, _, rest = md.read_text().partition("\n\n")
-        extra = rest[rest.find(EXTRA_START):] if EXTRA_START in rest else ""
-        md.write_text(render(pd.read_csv(csv), header, extra))
-        print(md.read_text())
+        render_committed(csv, md, render, EXTRA_START)
         return 0
     torch.set_num_threads(args.threads)
     loaded = load_smollm2()
