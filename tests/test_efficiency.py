@@ -151,9 +151,9 @@ def test_a_depth_run_records_its_speedup_and_says_it_last(tiny_model_dirs, text_
 def test_unstructured_wanda_is_measured_on_request_and_says_no_sparse_kernel_ran(tiny_model_dirs, text_file, tmp_path):
     overrides = tiny_run_overrides(tiny_model_dirs["llama"], text_file, tmp_path) + [
         "pruning=wanda", "evaluation=ppl", "evaluation.efficiency.measure=always",
-        "evaluation.efficiency.prefill_grid=[[2,64]]", "evaluation.efficiency.decode_context=16",
-        "evaluation.efficiency.new_tokens=8"]
-    record = prunelab.run(overrides)
+        "evaluation.efficiency.prefill_grid=[[16,64]]", "evaluation.efficiency.repeats=9",
+        "evaluation.efficiency.decode_context=16", "evaluation.efficiency.new_tokens=8"]
+    record = prunelab.run(overrides)  # [2, 64] x 5 repeats measured 3.5x at load 3.7 on 2 cores: too little work to time
     section = record["efficiency"]
     assert section["counted"]["ratio"]["flops_prefill"] == 1.0
     assert section["counted"]["ratio"]["nonzero_parameters"] < 0.8
