@@ -108,3 +108,17 @@ def test_cli_writes_the_paper_table_and_re_renders_from_table_csv(sweep_dir, tmp
 def test_cli_from_a_missing_table_is_one_line(tmp_path, capsys):
     assert main(["--from-table", str(tmp_path / "nope.csv"), "--out", str(tmp_path)]) == 2
     assert "no such table" in capsys.readouterr().err
+
+
+def test_a_label_only_some_rows_have_still_finds_the_others(sweep_dir):
+    """Width methods have no depth scorer: their rows carry NaN there. pandas 3 keeps NaN missing
+    through astype(str), so those rows were matched by no setting and every cell read '–'."""
+    summary = _summary(sweep_dir)
+    pals = summary["labels.allocation"] == "pals"  # two scorers, so the label varies; uniform: none
+    summary["labels.scorer"] = pd.Series(None, index=summary.index, dtype="str")
+    summary.loc[pals, "labels.scorer"] = summary.loc[pals, "labels.sparsity"].map({0.5: "sleb", 0.7: "angular"})
+    table = paper.paper_table(summary, ["allocation", "scorer"], "sparsity")
+    assert list(table.cells.columns[:2]) == ["Allocation", "Scorer"]
+    cells = table.cells.drop(columns="Scorer").drop_duplicates("Allocation").set_index("Allocation")
+    uniform = _mean(summary, "uniform", 0.5, PPL)
+    assert cells.loc["uniform", PPL_50] == f"{uniform['mean']:.2f} ± {uniform['std']:.2f}"

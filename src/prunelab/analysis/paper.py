@@ -179,12 +179,20 @@ def _find(part: pd.DataFrame, rows: list[str], key: tuple[bool, tuple], column: 
     else:
         found = part[~part["is_dense"].astype(bool) & (part[column] == value)]
         for label, wanted in zip(rows, values):
-            found = found[found[label].astype(str) == str(wanted)]
+            found = found[_equal(found[label], wanted)]
     if len(found) > 1 and not dense:
         raise AnalysisError("paper table is ambiguous: several settings share "
                             f"{', '.join(r.removeprefix(LABEL_PREFIX) for r in rows + [column])};"
                             " add a label to the rows")
     return found.iloc[0] if len(found) else None
+
+
+def _equal(labels: pd.Series, wanted: Any) -> pd.Series:
+    """Which labels equal `wanted`, a missing label (a width method's scorer) equal to a missing
+    one: pandas 3 keeps NaN missing through astype(str), so "nan" == "nan" no longer matches."""
+    if pd.isna(wanted):
+        return labels.isna()
+    return labels.astype(str) == str(wanted)
 
 
 def _cell(row: pd.Series, digits: int) -> str:
