@@ -42,7 +42,7 @@ DENSE_BY_DEFINITION = "dense model (1 by definition)"
 DENSE_STAR = "dense model (speed-up 1 by definition)"
 #: Labels that order a method's settings from light to heavy pruning: the quality-vs-speed
 #: figure joins a series' points in this order and writes the value beside each point.
-LADDER_LABELS = ("labels.sparsity", "labels.layers_removed")
+LADDER_LABELS = ("labels.sparsity", "labels.layers_removed", "labels.params_removed")
 
 
 def main_metric(summary: pd.DataFrame) -> str:
