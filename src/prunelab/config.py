@@ -95,9 +95,10 @@ def check_overrides(overrides: list[str], conf_dirs: list[Path] | None = None) -
                 raise ConfigError(f"unknown {group} option {option!r}{hint} (available: {', '.join(options)})")
 
 
-def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+def compose_config(overrides: list[str] | tuple[str, ...] = (), return_hydra_config: bool = False) -> DictConfig:
     """The run config the CLI would compose for these overrides (Hydra's compose API; sweep
-    settings are ignored); a bad override is a one-line ConfigError with close keys suggested."""
+    settings are ignored; `return_hydra_config`: with the `hydra` node, its sweeper params and
+    group choices); a bad override is a one-line ConfigError with close keys suggested."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -107,7 +108,7 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(PACKAGE_CONF), version_base="1.3"):
-            return compose("config", overrides=overrides)
+            return compose("config", overrides=overrides, return_hydra_config=return_hydra_config)
     except Exception as err:  # Hydra's override and composition errors
         raise ConfigError(composition_message(err, overrides)) from None
 
@@ -150,12 +151,7 @@ def per_run_setting_hint(message: str, plain: list[str], swept: list[str]) -> st
         return None
     rest = [o for o in plain if o != override]
     try:
-        from hydra import compose, initialize_config_dir
-        from hydra.core.global_hydra import GlobalHydra
-
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(PACKAGE_CONF), version_base="1.3"):
-            cfg = compose("config", overrides=rest, return_hydra_config=True)
+        cfg = compose_config(rest, return_hydra_config=True)
         swept = swept + [str(k) for k in (OmegaConf.select(cfg, "hydra.sweeper.params") or {})]
         chosen = OmegaConf.select(cfg, f"hydra.runtime.choices.{group}") or "its default"
     except Exception:
