@@ -8,6 +8,7 @@ import pytest
 import torch
 from tiny import VOCAB
 
+from prunelab.calibration.hidden_states import calibration_nll, removal_nlls
 from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models import ModelSpec, load_model
@@ -111,6 +112,37 @@ def test_sleb_never_removes_the_first_or_last_block_even_when_they_are_free(llam
     assert report.removed_layers == [1, 2]
     assert report.details["layer_scores"][0] is None and report.details["layer_scores"][3] is None
     assert len(report.details["step_nll"]) == 2
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gpt_neox", "opt"])
+def test_removal_nlls_share_prefixes_and_equal_each_candidates_full_forward_to_the_bit(arch, tiny_model_dirs):
+    loaded = load_model(ModelSpec(name_or_path=str(tiny_model_dirs[arch]), device="cpu"))
+    adapter, samples = loaded.adapter, ids(5, 12)
+    layers = list(adapter.layers)
+    kept = [layers[j] for j in (0, 1, 3)]  # a search that has already removed layer 2
+    shared = removal_nlls(adapter, samples, kept, [1, 2, 0], batch_size=2)
+    assert sorted(shared) == [0, 1, 2]
+    for k, value in shared.items():
+        alone = calibration_nll(adapter, samples, 2, layers=[m for j, m in enumerate(kept) if j != k])
+        assert value == alone  # exact: the same layer calls on the same batches
+    assert len({round(v, 6) for v in shared.values()}) == 3  # three different models
+    assert list(adapter.layers) == layers  # the model is restored
+
+
+def test_sleb_replays_cached_steps_and_measures_only_the_new_ones(llama, tmp_path):
+    def run(num_remove, cache_dir):
+        ctx = PruneContext(llama, 0, lambda: ids(), batch_size=2, progress=False, cache_dir=cache_dir)
+        return Sleb().score(ctx, ScoreRequest(4, num_remove))
+
+    fresh = run(2, None)
+    assert fresh.details["steps_measured_here"] == 2
+    first = run(1, tmp_path)
+    replayed = run(2, tmp_path)
+    assert first.details["steps_measured_here"] == 1 and replayed.details["steps_measured_here"] == 1
+    assert replayed.order == fresh.order and replayed.details["step_nll"] == fresh.details["step_nll"]
+    assert run(2, tmp_path).details["steps_measured_here"] == 0
+    other = PruneContext(llama, 0, lambda: ids(6), batch_size=2, progress=False, cache_dir=tmp_path)
+    assert Sleb().score(other, ScoreRequest(4, 1)).details["steps_measured_here"] == 1  # other data
 
 
 def test_shortened_magnitude_is_sum_of_abs_weights_and_plus_rule_is_its_default(llama):

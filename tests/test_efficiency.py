@@ -184,8 +184,10 @@ def test_weight_pruning_is_not_timed_by_default(tiny_model_dirs, text_file, tmp_
     assert "efficiency" not in record and not any(k.startswith("speedup/") for k in record["metrics"]["pruned"])
 
 
+# SLEB's one step on 18 layers: 16 candidates share a pass through layers 0..16 (17 layer calls),
+# then candidate k runs the 17 - k layers after it: 17 + 136 = 153 layer calls, not 16 x 17 = 272
 @pytest.mark.parametrize("scorer,forward,backward", [("wrp", 0.0, 0.0), ("block_influence", 1.0, 0.0),
-                                                     ("shortened_taylor", None, 1.0)])
+                                                     ("shortened_taylor", None, 1.0), ("sleb", 153 / 18, 0.0)])
 def test_pruning_cost_counts_each_scorers_passes(scorer, forward, backward):
     path = prunelab.shipped_model("testbed_llama")  # 18 layers: room for Shortened's protected ones
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from prunelab.calibration.passes import batch_logits, layer_pass
+from prunelab.calibration.runner import batched
 from prunelab.models.adapter import ModelAdapter
 from prunelab.scoring.layers import RunningMean, nll_from_logits
 
@@ -83,6 +84,38 @@ def calibration_nll(adapter: ModelAdapter, samples: torch.Tensor, batch_size: in
         with adapter.layers_replaced(layers):
             run()
     return total / max(count, 1)
+
+
+@torch.no_grad()
+def removal_nlls(adapter: ModelAdapter, samples: torch.Tensor, layers: Sequence[torch.nn.Module],
+                 positions: Sequence[int], batch_size: int = 1, progress: bool = False,
+                 desc: str = "removals") -> dict[int, float]:
+    """{k: calibration NLL of the model running `layers` without layers[k]} for each k in positions.
+
+    Equals `calibration_nll(adapter, samples, batch_size, layers=<layers without layers[k]>)` for
+    every k, to the bit: the model without layers[k] receives, at layers[k + 1], the state that
+    `layers` gives at layers[k]'s input, so one pass over `layers` serves every candidate's prefix
+    and only the suffix after k and the head run per candidate (about half of SLEB's layer calls).
+    The same batches run the same layer calls with the same keyword arguments as the full forward.
+    A streamed model or one dispatched over devices runs each candidate's full forward instead.
+    """
+    wanted = sorted(set(positions))
+    if not wanted:
+        return {}
+    if adapter.streamed or getattr(adapter.model, "hf_device_map", None):
+        return {k: calibration_nll(adapter, samples, batch_size, [m for j, m in enumerate(layers) if j != k])
+                for k in progress_bar(wanted, progress, desc)}
+    nll: dict[int, float] = {}
+    with adapter.layers_replaced(layers):
+        for step in layer_pass(adapter, samples, batch_size, "dense", progress, desc, layers=wanted):
+            total, count = 0.0, 0
+            for batch, hidden, kwargs in zip(batched(samples, batch_size), step.inputs.hidden, step.inputs.kwargs):
+                for layer in layers[step.index + 1:]:  # hidden: [B, T, C], the state entering layers[k]
+                    hidden = ModelAdapter.call_layer(layer, hidden, kwargs)
+                part, n = nll_from_logits(adapter.logits_from_hidden(hidden), batch)  # logits [B, T, V]
+                total, count = total + part, count + n
+            nll[step.index] = total / max(count, 1)
+    return nll
 
 
 @dataclass
