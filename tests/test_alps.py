@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import prunelab
 from prunelab.errors import ConfigError
 from prunelab.pruning.alps import ALPS
-from prunelab.pruning.alps_solver import AdmmSettings, alps_solve, masked_cg
+from prunelab.pruning.alps_solver import AdmmSettings, _project, alps_solve, masked_cg
 
 from oracles import alps as oracle
 from oracles.llama_layers import layer_by_layer
@@ -62,6 +62,27 @@ def test_the_solve_matches_the_papers_algorithm(sparsity):
     ours_error = oracle.reconstruction_error(ours, weight, gram)
     theirs_error = oracle.reconstruction_error(theirs, weight, gram)
     assert ours_error <= 1.02 * theirs_error + 1e-9, (ours_error, theirs_error)
+
+
+@pytest.mark.parametrize("case", ["continuous", "bfloat16 ties", "ties at the boundary", "nan", "none", "all"])
+def test_the_projection_zeroes_exactly_what_the_official_topk_zeroes(case):
+    """The fast selection must zero the very entries `topk(-v^2, count)` zeroes, ties and NaN included."""
+    values = torch.randn(48, 96, generator=torch.Generator().manual_seed(3))  # [in, out]
+    keep = round(0.3 * values.numel())
+    if case == "bfloat16 ties":
+        values = values.bfloat16().float()  # many equal squares, as a bf16 checkpoint has
+    if case == "ties at the boundary":  # 77% of the squares equal: the 70% to zero end inside the tie
+        values = torch.where(values.abs() < 1.2, torch.full_like(values, 0.5), values)
+        assert int((values ** 2 == 0.25).sum()) > 0.7 * values.numel() > int((values ** 2 < 0.25).sum())
+    if case == "nan":
+        values[3, 7] = float("nan")
+    keep = {"none": values.numel(), "all": 0}.get(case, keep)
+    official = values.clone().reshape(-1)
+    if values.numel() - keep:
+        official[torch.topk(-official ** 2, values.numel() - keep).indices] = 0
+    ours = _project(values, keep, None, tuple(values.shape))
+    assert torch.equal(ours.reshape(-1).isnan(), official.isnan())
+    assert torch.equal(ours.reshape(-1).nan_to_num(7.0), official.nan_to_num(7.0))
 
 
 def test_masked_cg_converges_to_the_least_squares_weights_on_the_support():
