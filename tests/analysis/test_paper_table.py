@@ -122,3 +122,19 @@ def test_a_label_only_some_rows_have_still_finds_the_others(sweep_dir):
     cells = table.cells.drop(columns="Scorer").drop_duplicates("Allocation").set_index("Allocation")
     uniform = _mean(summary, "uniform", 0.5, PPL)
     assert cells.loc["uniform", PPL_50] == f"{uniform['mean']:.2f} ± {uniform['std']:.2f}"
+
+
+def test_a_label_only_some_settings_have_is_a_row_of_its_own():
+    """Wanda + DSnoT beside Wanda: refine is "dsnot" on one setting and missing on the other. That
+    label varies; dropping it (pandas 3's nunique skips NaN) made the table ambiguous."""
+    summary = pd.DataFrame({
+        "setting": ["dense", "w", "wd", "s"], "metric": [PPL] * 4, "mean": [35.1, 63.5, 62.8, 50.5],
+        "std": [0.0, 0.4, 0.2, 0.2], "n": [1, 3, 3, 3], "is_dense": [True, False, False, False],
+        "higher_is_better": [False] * 4, "labels.method": ["dense", "wanda", "wanda", "sparsegpt"],
+        "labels.refine": pd.Series([None, None, "dsnot", None], dtype="str"),
+        "labels.sparsity": [None, 0.5, 0.5, 0.5]})
+    assert records.label_varies(summary["labels.refine"][1:])
+    assert not records.label_varies(summary["labels.sparsity"][1:])
+    table = paper.paper_table(summary, ["method", "refine"], "sparsity")
+    rows = [tuple(row) for row in table.cells.iloc[:, :3].itertuples(index=False)]
+    assert ("wanda", "dsnot", "62.80 ± 0.20") in rows and ("wanda", "", "63.50 ± 0.40") in rows

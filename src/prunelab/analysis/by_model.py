@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns
+from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns, label_varies
 from prunelab.analysis.render import (choose_decimals, distinguishing_labels, format_change,
                                       format_mean, p_text, text_of, to_markdown)
 from prunelab.analysis.tables import numeric_first, read_summary_csv
@@ -105,7 +105,7 @@ def _key_columns(summary: pd.DataFrame) -> list[str]:
     settings = summary[~summary["is_dense"]]
     keys = [column for column in label_columns(summary)
             if column.removeprefix(LABEL_PREFIX) not in NOT_SETTING
-            and settings[column].astype(str).nunique() > 1]
+            and label_varies(settings[column])]
     return distinguishing_labels(settings, keys, within=[MODEL]) or [LABEL_PREFIX + "method"]
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from prunelab.analysis.records import COMPLETED, LABEL_PREFIX, RunRecord
+from prunelab.analysis.records import COMPLETED, LABEL_PREFIX, RunRecord, label_varies
 from prunelab.analysis.render import to_latex, to_markdown
 
 #: The labels that name a setting in a cost table, in order.
@@ -64,7 +64,7 @@ def cost_table(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return frame
     labels = [LABEL_PREFIX + k for k in SETTING_LABELS if LABEL_PREFIX + k in frame
-              and frame[LABEL_PREFIX + k].astype(str).nunique() > 1]
+              and label_varies(frame[LABEL_PREFIX + k])]
     labels = labels or [LABEL_PREFIX + "method"]
     values = [c for c in frame.columns if c not in labels and c not in ("seed", "first_stage")
               and not c.startswith(LABEL_PREFIX)]

@@ -20,7 +20,7 @@ import pandas as pd
 
 from prunelab.analysis.dense import DENSE_METHOD
 from prunelab.analysis.names import direction, display_name, short_name
-from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, select_label_columns
+from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_varies, select_label_columns
 from prunelab.analysis.render import choose_decimals, text_of, to_latex, to_markdown
 from prunelab.analysis.tables import numeric_first
 
@@ -47,7 +47,7 @@ def paper_table(summary: pd.DataFrame, rows: Sequence[str], column: str,
     settings = summary[~summary["is_dense"].astype(bool)]
     models = list(dict.fromkeys(summary[MODEL].dropna())) if MODEL in summary else []
     rows = [r for r in rows if r != MODEL and r != column]
-    varying = [r for r in rows if settings[r].astype(str).nunique() > 1]
+    varying = [r for r in rows if label_varies(settings[r])]
     rows = ([MODEL] if len(models) > 1 else []) + (varying or rows[:1])
     metrics = list(metrics or dict.fromkeys(summary["metric"]))
     values = sorted(settings[column].dropna().unique(), key=numeric_first)
@@ -105,7 +105,7 @@ def default_layout(summary: pd.DataFrame) -> tuple[list[str], str]:
     settings = summary[~summary["is_dense"].astype(bool)]
     varying = [c for c in settings.columns if c.startswith(LABEL_PREFIX)
                and c not in (MODEL, LABEL_PREFIX + "calibration")
-               and settings[c].astype(str).nunique() > 1]
+               and label_varies(settings[c])]
     candidates = [LABEL_PREFIX + n for n in ("sparsity", "layers_removed", "sparsity_type")]
     column = next((c for c in candidates if c in varying), None)
     if column is None:

@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 
 from prunelab.analysis.names import direction, display_name, is_perplexity, is_relative_to_dense
 from prunelab.analysis.profiles import layer_profiles, plot_layer_profile  # noqa: F401
-from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns
+from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns, label_varies
 from prunelab.analysis.render import distinguishing_labels, text_of
 from prunelab.analysis.style import (  # noqa: F401  (save_figure, slug, figure_png for callers)
     ERROR_BARS,
@@ -280,7 +280,7 @@ def _x_axis(axis, settings: pd.DataFrame, x: str, categories: list[str] | None) 
 def _varying_labels(settings: pd.DataFrame, exclude: Sequence[str]) -> list[str]:
     skip = set(exclude) | {MODEL}
     varying = [c for c in label_columns(settings)
-               if c not in skip and settings[c].astype(str).nunique() > 1]
+               if c not in skip and label_varies(settings[c])]
     varying = distinguishing_labels(settings.astype({c: str for c in varying}), varying,
                                     within=[MODEL] if MODEL in settings else [])
     return varying or ([LABEL_PREFIX + "method"] if LABEL_PREFIX + "method" in settings else [])

@@ -225,6 +225,13 @@ def label_columns(frame: pd.DataFrame) -> list[str]:
     return [column for column in frame.columns if str(column).startswith(LABEL_PREFIX)]
 
 
+def label_varies(values: pd.Series) -> bool:
+    """Whether a label takes more than one value across settings, a missing value counting as one
+    (Wanda + DSnoT against Wanda: refine "dsnot" against none). pandas 3 keeps NaN missing through
+    astype(str), so a plain nunique() no longer sees it."""
+    return values.astype(str).nunique(dropna=False) > 1
+
+
 def stamp_key(protocol: Mapping[str, Any] | None) -> str:
     """A protocol stamp as canonical JSON (sorted keys), so equal stamps compare and group equal."""
     return json.dumps(protocol, sort_keys=True, default=str) if protocol else ""

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from prunelab.analysis.names import is_speedup
-from prunelab.analysis.records import LABEL_PREFIX, label_columns
+from prunelab.analysis.records import LABEL_PREFIX, label_columns, label_varies
 
 
 def display_label_columns(summary: pd.DataFrame, always: Sequence[str] = ()) -> list[str]:
@@ -24,7 +24,7 @@ def display_label_columns(summary: pd.DataFrame, always: Sequence[str] = ()) -> 
     shown = []
     for column in label_columns(summary):
         name = column.removeprefix(LABEL_PREFIX)
-        varies = settings[column].astype(str).nunique() > 1
+        varies = label_varies(settings[column])
         if varies or name in ("model", "method") or column in always:
             shown.append(column)
     return shown
