@@ -138,3 +138,10 @@ def test_a_label_only_some_settings_have_is_a_row_of_its_own():
     table = paper.paper_table(summary, ["method", "refine"], "sparsity")
     rows = [tuple(row) for row in table.cells.iloc[:, :3].itertuples(index=False)]
     assert ("wanda", "dsnot", "62.80 ± 0.20") in rows and ("wanda", "", "63.50 ± 0.40") in rows
+
+
+def test_settings_read_as_words_in_headers():
+    assert paper.setting_text("labels.sparsity", 0.5) == "50%"
+    assert paper.setting_text("labels.params_removed", 0.2) == "20% params"
+    assert paper.setting_text("labels.layers_removed", 4) == "4 layers"
+    assert paper.setting_text("labels.sparsity_type", "2:4") == "2:4"

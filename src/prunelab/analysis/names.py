@@ -42,6 +42,9 @@ DISPLAY_NAMES: dict[str, tuple[str, str]] = {
     "scorer": ("Layer scorer", "Scorer"),
     "selector": ("Selector", "Selector"),
     "recovery": ("Recovery", "Recovery"),
+    "refine": ("Mask refinement", "Refinement"),
+    "permutation": ("Channel permutation", "Permutation"),
+    "params_removed": ("Parameters removed", "Params removed"),
     "calibration": ("Calibration data", "Calibration"),
     "layer": ("Layer", "Layer"),
 }

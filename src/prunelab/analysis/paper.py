@@ -139,11 +139,14 @@ def _header(metric: str, summary: pd.DataFrame, column: str, value: Any) -> str:
 
 
 def setting_text(column: str, value: Any) -> str:
-    """A column's setting as a header: sparsity 0.5 -> "50%", 4 layers removed -> "4 layers"."""
+    """A column's setting as a header: sparsity 0.5 -> "50%", 20% of the parameters removed ->
+    "20% params", 4 layers removed -> "4 layers"."""
     name = column.removeprefix(LABEL_PREFIX)
     number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
     if name == "sparsity" and np.isfinite(number):
         return f"{100 * number:g}%"
+    if name == "params_removed" and np.isfinite(number):
+        return f"{100 * number:g}% params"
     if name == "layers_removed" and np.isfinite(number):
         return f"{number:g} layers"
     return text_of(value)
