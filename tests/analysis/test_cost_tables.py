@@ -49,3 +49,13 @@ def test_records_without_costs_write_nothing(tmp_path, records):
     written = write_cost_tables(records, tmp_path)
     assert [p.name for p in written] == ["cost_table.md", "cost_table.csv"]
     assert "recovery_share_of_saving" in written[0].read_text()
+
+
+def test_a_refinement_on_some_settings_splits_them_from_their_base(records):
+    """Wanda + DSnoT beside Wanda: refine "dsnot" or missing; each gets its own median row."""
+    for run in records:
+        run.data["labels"] = {"model": "m", "method": "wanda", "sparsity": 0.5,
+                              **({"refine": "dsnot"} if run.data["labels"]["recovery"] == "ghosted" else {})}
+    table = cost_table(cost_frame(records))
+    assert list(table["n"]) == [3, 3] and sorted(table["labels.refine"].fillna("")) == ["", "dsnot"]
+    assert sorted(table["first_stage_s"]) == [2.0, 2.0]

@@ -24,7 +24,8 @@ from prunelab.analysis.records import COMPLETED, LABEL_PREFIX, RunRecord, label_
 from prunelab.analysis.render import to_latex, to_markdown
 
 #: The labels that name a setting in a cost table, in order.
-SETTING_LABELS = ("model", "method", "layers_removed", "scorer", "sparsity", "allocation", "recovery")
+SETTING_LABELS = ("model", "method", "refine", "permutation", "layers_removed", "params_removed", "scorer",
+                  "sparsity", "sparsity_type", "allocation", "recovery")
 FIRST_STAGES = ("allocate", "score")
 
 
