@@ -20,7 +20,9 @@ Gram matrix G = X^T X [in, in] summed over the calibration tokens:
 `cg_batch`) operation for operation: the float64 eigendecomposition with the inverse cast to
 float32, the /5 restart branch and the 1e6 cap on rho, `np.round` for k, and the CG's stopping test
 on the unmasked residual norm per row of G B (so it nearly always runs its 10 iterations). Its
-printed-only error estimates are computed once at the end, for the record.
+printed-only error estimates are computed once at the end, for the record. One operation differs
+and gives the same result: the projection's top-k, a selection by `kthvalue` where the boundary
+is untied (`_smallest_squares`; the official `topk` itself otherwise).
 """
 
 from __future__ import annotations
