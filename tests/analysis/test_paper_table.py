@@ -1,6 +1,7 @@
 """The paper-table preset and the md/tex renderers (tabulate, pandas Styler)."""
 
 import pandas as pd
+import pytest
 from conftest import ACC, PPL, markdown_header
 
 from prunelab.analysis import paper, records, render, tables
@@ -145,3 +146,24 @@ def test_settings_read_as_words_in_headers():
     assert paper.setting_text("labels.params_removed", 0.2) == "20% params"
     assert paper.setting_text("labels.layers_removed", 4) == "4 layers"
     assert paper.setting_text("labels.sparsity_type", "2:4") == "2:4"
+
+
+def test_the_main_table_shows_a_partial_label_only_where_it_tells_settings_apart():
+    summary = pd.DataFrame({
+        "is_dense": [True, False, False, False], "labels.model": ["m"] * 4,
+        "labels.method": ["dense", "wanda", "wanda", "flap"],
+        "labels.refine": pd.Series([None, None, "dsnot", None], dtype="str"),  # Wanda + DSnoT
+        "labels.structure": pd.Series([None, None, None, "WIFV"], dtype="str"),  # FLAP's own
+        "labels.sparsity": [None, 0.5, 0.5, 0.5]})
+    assert render.display_label_columns(summary) == ["labels.model", "labels.method", "labels.refine"]
+
+
+def test_a_row_label_no_record_has_is_left_out_with_a_warning_a_column_one_refused(sweep_dir, caplog):
+    """A study's layout may name the label of a part not run yet (RIA's permutation)."""
+    summary = _summary(sweep_dir)
+    with caplog.at_level("WARNING"):
+        table = paper.paper_table(summary, ["allocation", "permutation"], "sparsity")
+    assert list(table.cells.columns[:1]) == ["Allocation"] and "'permutation' is in no record" in caplog.text
+    assert tables.pivot(summary, ["allocation", "permutation"], "sparsity", PPL).shape[0] == 3
+    with pytest.raises(records.AnalysisError, match="unknown label 'permutation'"):
+        paper.paper_table(summary, ["allocation"], "permutation")

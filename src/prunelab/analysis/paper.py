@@ -42,7 +42,7 @@ def paper_table(summary: pd.DataFrame, rows: Sequence[str], column: str,
                 metrics: Sequence[str] | None = None, decimals: int | None = None) -> PaperTable:
     """The preset table of `summary`: one row per value of the `rows` labels (the model first
     when there are several), one column per metric and value of `column`."""
-    rows, column = list(select_label_columns(list(rows), summary)), select_label_columns(
+    rows, column = list(select_label_columns(list(rows), summary, absent="skip")), select_label_columns(
         [column], summary)[0]
     settings = summary[~summary["is_dense"].astype(bool)]
     models = list(dict.fromkeys(summary[MODEL].dropna())) if MODEL in summary else []

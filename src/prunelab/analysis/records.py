@@ -401,9 +401,12 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
-def select_label_columns(names: Sequence[str], frame: pd.DataFrame) -> list[str]:
+def select_label_columns(names: Sequence[str], frame: pd.DataFrame, absent: str = "raise") -> list[str]:
     """Resolve user-given column names: `sparsity` or `labels.sparsity` both mean the label; other
-    frame columns (signature, seed, study) are accepted as they are."""
+    frame columns (signature, seed, study) are accepted as they are. A name no column has raises
+    AnalysisError listing the labels; with `absent="skip"` (the row labels of a pivot or paper
+    table) it is left out with a warning instead, so a study's layout naming a label of a part not
+    run yet (RIA's `permutation`) still lays out the records there are."""
     resolved = []
     for name in names:
         name = name.strip()
@@ -416,7 +419,9 @@ def select_label_columns(names: Sequence[str], frame: pd.DataFrame) -> list[str]
         else:
             known = ", ".join(c.removeprefix(LABEL_PREFIX) for c in frame.columns
                               if c.startswith(LABEL_PREFIX))
-            raise AnalysisError(f"unknown label {name!r}; labels: {known}")
+            if absent != "skip":
+                raise AnalysisError(f"unknown label {name!r}; labels: {known}")
+            log.warning("label %r is in no record (labels: %s): left out of the rows", name, known)
     return resolved
 
 

@@ -18,16 +18,19 @@ from prunelab.analysis.records import LABEL_PREFIX, label_columns, label_varies
 
 
 def display_label_columns(summary: pd.DataFrame, always: Sequence[str] = ()) -> list[str]:
-    """Label columns worth showing: those that vary across settings, plus model, method and any
-    in `always`."""
+    """Label columns worth showing: model, method, any in `always`, those whose values differ
+    across settings, and a label only some settings carry (refine "dsnot" on Wanda + DSnoT, none on
+    Wanda) where it tells apart settings the others do not (a width method's own `structure` does
+    not: the method already does)."""
     settings = summary[~summary["is_dense"].astype(bool)]
-    shown = []
-    for column in label_columns(summary):
-        name = column.removeprefix(LABEL_PREFIX)
-        varies = label_varies(settings[column])
-        if varies or name in ("model", "method") or column in always:
+    columns = label_columns(summary)
+    shown = [c for c in columns if c.removeprefix(LABEL_PREFIX) in ("model", "method") or c in always
+             or settings[c].nunique() > 1]
+    for column in columns:
+        if column not in shown and label_varies(settings[column]) and len(
+                settings.drop_duplicates(shown + [column])) > len(settings.drop_duplicates(shown)):
             shown.append(column)
-    return shown
+    return [c for c in columns if c in shown]
 
 
 def distinguishing_labels(settings: pd.DataFrame, columns: Sequence[str],

@@ -188,7 +188,7 @@ def pivot(summary: pd.DataFrame, index: Sequence[str] | str, columns: str, metri
     added to the index when the summary holds several.
     """
     index = [index] if isinstance(index, str) else list(index)
-    index, columns = select_label_columns(index, summary), select_label_columns([columns],
+    index, columns = select_label_columns(index, summary, absent="skip"), select_label_columns([columns],
                                                                                 summary)[0]
     model = LABEL_PREFIX + "model"
     if model in summary and summary[model].nunique() > 1 and model not in index:
