@@ -29,6 +29,7 @@ ON_OFFLOADED = {  # family -> prunelab.prune keywords, each run on disk-offloade
     "wanda + owl": dict(method="wanda", sparsity=0.5, allocation="owl"),
     "depth: block influence": dict(method="depth", scorer="block_influence", num_layers=1),
     "depth: angular": dict(method="depth", scorer="angular", num_layers=1),
+    "depth: sleb": dict(method="depth", scorer="sleb", num_layers=2),  # its candidates' full forwards
 }
 REFUSED = {  # family -> what the one line names
     "wanda + gradient": (dict(method="wanda", sparsity=0.5, allocation="gradient"), "pruning/allocation=gradient"),

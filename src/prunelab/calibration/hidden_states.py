@@ -97,12 +97,13 @@ def removal_nlls(adapter: ModelAdapter, samples: torch.Tensor, layers: Sequence[
     `layers` gives at layers[k]'s input, so one pass over `layers` serves every candidate's prefix
     and only the suffix after k and the head run per candidate (about half of SLEB's layer calls).
     The same batches run the same layer calls with the same keyword arguments as the full forward.
-    A streamed model or one dispatched over devices runs each candidate's full forward instead.
+    A streamed model, or one placed by accelerate (`adapter.dispatched`: its layers may sit on
+    other devices), runs each candidate's full forward instead.
     """
     wanted = sorted(set(positions))
     if not wanted:
         return {}
-    if adapter.streamed or getattr(adapter.model, "hf_device_map", None):
+    if adapter.streamed or adapter.dispatched:
         return {k: calibration_nll(adapter, samples, batch_size, [m for j, m in enumerate(layers) if j != k])
                 for k in progress_bar(wanted, progress, desc)}
     nll: dict[int, float] = {}

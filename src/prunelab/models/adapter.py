@@ -54,6 +54,12 @@ class ModelAdapter:
         return self.store is not None
 
     @property
+    def dispatched(self) -> bool:
+        """Placed by accelerate (`device_map`): parts may sit on other devices or be offloaded, so
+        only the model's own forward (with its hooks) or `layer_in_memory` may run its layers."""
+        return bool(getattr(self.model, "hf_device_map", None))
+
+    @property
     def config(self):
         return self.model.config
 
