@@ -153,3 +153,20 @@ def test_profiles_equal_to_five_digits_are_one_line(tmp_path):
                      layer_scores=[0.9 * (1 + noise), 0.2, 0.1])
     figure = plots.plot_layer_profile(records.load_records([root]).completed, kind="scores")
     assert len(_visible_axes(figure)[0].get_lines()) == 1
+
+
+def test_legend_names_the_scorer_not_a_recovery_some_arms_skip(tmp_path):
+    """Width arms carry recovery "none", the depth arms a scorer each, and recovery follows from
+    the scorer: the legend names the scorer ("depth sleb"), not "depth none"."""
+    root = tmp_path / "records"
+    arms = ({"method": "flap", "recovery": "none"},
+            {"method": "depth", "scorer": "block_influence", "recovery": "ghosted"},
+            {"method": "depth", "scorer": "sleb", "recovery": "none"})
+    for arm in arms:
+        for budget in (0.1, 0.2):
+            labels = {"model": MODEL, "params_removed": budget, **arm}
+            write_record(root, signature_for(f"{arm.get('scorer', arm['method'])}{budget}"), 0,
+                         labels, {PPL: {"value": 3.0 + budget, "higher_is_better": False}})
+    figure = plots.plot_metric_vs(_summary(root), PPL, x="params_removed")
+    assert {t.get_text() for t in figure.legends[0].get_texts()} == {
+        "flap", "depth block_influence", "depth sleb"}

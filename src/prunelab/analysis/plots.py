@@ -281,8 +281,15 @@ def _varying_labels(settings: pd.DataFrame, exclude: Sequence[str]) -> list[str]
     skip = set(exclude) | {MODEL}
     varying = [c for c in label_columns(settings)
                if c not in skip and label_varies(settings[c])]
-    varying = distinguishing_labels(settings.astype({c: str for c in varying}), varying,
-                                    within=[MODEL] if MODEL in settings else [])
+    # The method, where it varies, is always named. Of the rest, a label some settings leave at
+    # "none" (recovery on the width arms) names a stage they skip: where the others imply it, it
+    # is the one left out, so it goes last (distinguishing_labels drops from the end).
+    method = LABEL_PREFIX + "method"
+    within = [c for c in (MODEL, method) if c in settings and (c == MODEL or c in varying)]
+    rest = sorted((c for c in varying if c != method),
+                  key=lambda c: (settings[c].astype(str) == "none").any())
+    kept = distinguishing_labels(settings.astype({c: str for c in varying}), rest, within=within)
+    varying = [c for c in varying if c == method or c in kept]
     return varying or ([LABEL_PREFIX + "method"] if LABEL_PREFIX + "method" in settings else [])
 
 
