@@ -192,3 +192,16 @@ def test_change_over_dense_is_the_mean_relative_to_the_dense_value(sweep_dir):
     assert table[table["method"] == "dense"]["vs dense"].iloc[0] == ""
     grid = tables.pivot(summary, "allocation", "sparsity", PPL, vs_dense=True)
     assert grid.loc["pals", 0.7].endswith(f"({100 * row['vs_dense']:+.1f}%)")
+
+
+def test_a_note_on_every_setting_is_said_once_not_listed_row_by_row():
+    from prunelab.analysis.render import _where
+
+    names = [f"wanda {s}" for s in range(10)]
+    assert _where({PPL: names}, {PPL: 10}) == "every setting"
+    both = _where({PPL: names, "zeroshot/average": names}, {PPL: 10, "zeroshot/average": 10})
+    assert both == f"every setting [{PPL}, zeroshot/average]"
+    partial = _where({PPL: names[:8]}, {PPL: 10})
+    assert partial.startswith("wanda 0 [") and partial.endswith("and 2 more")
+    assert _where({PPL: names, "zeroshot/average": names[:1]}, {PPL: 10, "zeroshot/average": 10}) == (
+        f"every setting [{PPL}]; wanda 0 [zeroshot/average]")

@@ -64,7 +64,7 @@ def format_table(summary: pd.DataFrame, decimals: int | None = None,
     compared = "p_t" in summary.columns
     prefix = len(metrics) > 1
     rows: dict[str, dict[str, str]] = {}
-    notes: dict[str, list[str]] = {}
+    notes: dict[str, dict[str, list[str]]] = {}
     for metric in metrics:
         part = summary[summary["metric"] == metric]
         digits = decimals if decimals is not None else choose_decimals(part["mean"])
@@ -80,10 +80,33 @@ def format_table(summary: pd.DataFrame, decimals: int | None = None,
             if compared:
                 cells.update(_comparison_cells(row, digits, head))
             if row.get("note"):
-                notes.setdefault(row["note"], []).append(f"{_row_name(row, shown)} [{metric}]")
+                notes.setdefault(row["note"], {}).setdefault(metric, []).append(
+                    _row_name(row, shown))
     table = pd.DataFrame(list(rows.values())).fillna("")
-    note_lines = [f"{note} ({'; '.join(where)})" for note, where in notes.items()]
+    compared_rows = ~summary["is_dense"].astype(bool)
+    if "is_baseline" in summary.columns:
+        compared_rows &= ~summary["is_baseline"].fillna(False).astype(bool)
+    settings_of = {metric: int((compared_rows & (summary["metric"] == metric)).sum())
+                   for metric in metrics}
+    note_lines = [f"{note} ({_where(where, settings_of)})" for note, where in notes.items()]
     return table, note_lines
+
+
+def _where(where: dict[str, list[str]], settings_of: dict[str, int], listed: int = 6) -> str:
+    """Where a note applies, short enough to read: "every setting" for a metric it covers whole,
+    otherwise the first `listed` rows and how many more (a sweep of 30 settings with a note on
+    each would otherwise print a paragraph of row names)."""
+    whole = [metric for metric, names in where.items() if len(names) >= settings_of[metric] > 1]
+    if len(whole) == len(where):
+        return "every setting" + ("" if len(where) == len(settings_of) and len(settings_of) == 1
+                                  else f" [{', '.join(whole)}]")
+    parts = [f"every setting [{', '.join(whole)}]"] if whole else []
+    rows = [f"{name} [{metric}]" for metric, names in where.items() if metric not in whole
+            for name in names]
+    parts += rows[:listed]
+    if len(rows) > listed:
+        parts.append(f"and {len(rows) - listed} more")
+    return "; ".join(parts)
 
 
 def to_markdown(table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
