@@ -49,6 +49,7 @@ SETTINGS = [
     ("--initial_method magnitude", "magnitude", {"group": "row", "ties": "exact"}, {}),
     ("--initial_method wanda", "wanda", {}, {"skip": "none"}),  # not the reference: must differ
     ("--initial_method wanda --sparsity_type 2:4", "wanda", {"sparsity_type": "2:4"}, {}),  # the N:M loop
+    ("--initial_method wanda --sparsity_ratio 0.7", "wanda", {}, {}),  # where the study sees DSnoT hurt
 ]
 COLUMNS = {"official": "official switches", "setting": "prunelab", "differing_entries": "differing entries",
            "total_entries": "total entries", "layers_with_differences": "layers with differences",
@@ -56,13 +57,19 @@ COLUMNS = {"official": "official switches", "setting": "prunelab", "differing_en
            "swaps": "swaps (prunelab)", "seconds_prunelab": "prunelab s", "seconds_oracle": "official s"}
 
 
+def switch(switches: str, name: str, default: str) -> str:
+    """The value given to `name` on the command line `switches`, else main.py's default."""
+    words = switches.split()
+    return words[words.index(name) + 1] if name in words else default
+
+
 def official_args(switches: str, nsamples: int) -> types.SimpleNamespace:
     """main.py's arguments for the README command with these switches (its defaults otherwise)."""
-    words = switches.split()
-    sparsity_type = words[words.index("--sparsity_type") + 1] if "--sparsity_type" in words else "unstructured"
+    sparsity_type = switch(switches, "--sparsity_type", "unstructured")
     return types.SimpleNamespace(
-        model="smollm2-llama", seed=0, nsamples=nsamples, sparsity_ratio=0.5, sparsity_type=sparsity_type,
-        prune_method="DSnoT", initial_method=words[words.index("--initial_method") + 1],
+        model="smollm2-llama", seed=0, nsamples=nsamples, sparsity_ratio=float(switch(switches, "--sparsity_ratio", "0.5")),
+        sparsity_type=sparsity_type,
+        prune_method="DSnoT", initial_method=switch(switches, "--initial_method", "wanda"),
         max_cycle_time=50, without_DSnoT=False, update_threshold=0.1, pow_of_var_regrowing=1.0,
         pow_of_var_pruning=1.0, skip_layer="mlp", skip_sub_layer="no_skip", without_same_sign=True,
         get_time_overhead=False, output_results_file="results.txt")
@@ -102,11 +109,12 @@ def measure(repo: Path, settings: list, nsamples: int, seqlen: int, csv: Path) -
         official_weights, seconds_official = official_runs[switches]
         ours = with_model(loaded, copy.deepcopy(loaded.model))
         refine = DSnoT(**refine_settings)
-        method = BASES[base](sparsity=0.5, refine=refine, **base_settings)
+        sparsity = float(switch(switches, "--sparsity_ratio", "0.5"))
+        method = BASES[base](sparsity=sparsity, refine=refine, **base_settings)
         seconds = run_prunelab(ours, method, token_ids)
         setting = label(base, base_settings, refine_settings)
         result = compare_weights(layer_weights(ours.model), official_weights, method=f"{base}+dsnot",
-                                 sparsity=0.5, sparsity_type=base_settings.get("sparsity_type", "unstructured"),
+                                 sparsity=sparsity, sparsity_type=base_settings.get("sparsity_type", "unstructured"),
                                  setting=setting,
                                  seconds_prunelab=seconds, seconds_oracle=seconds_official)
         del ours
@@ -126,7 +134,8 @@ its README runs it (`--prune_method DSnoT --sparsity_ratio 0.5 --sparsity_type u
 (`--skip_layer mlp`, `--without_same_sign` on); the prunelab run is the base method with
 `pruning/refine=dsnot` and the settings shown. `swaps` counts the (row, cycle) pairs where prunelab
 pruned one weight and grew another (over the refined attention linears). The last row refines the MLP
-too (`skip=none`), which the official default does not: it must differ. The 2:4 row is the official
+too (`skip=none`), which the official default does not: it must differ. The 70% row is the
+setting where the unstructured_baselines study finds DSnoT worse than its base. The 2:4 row is the official
 N:M loop (`--sparsity_type 2:4`: the weight to prune is the kept one of lowest Wanda score in the
 grown weight's group of 4, and the sign test always applies). The official
 `--initial_method sparsegpt` is not compared: its wrapper never accumulates the Hessian, so its
@@ -140,7 +149,7 @@ def main() -> None:
                         help="indices of SETTINGS to run, comma-separated; their rows replace or join the table's")
     args = parser.parse_args()
     csv = args.out / "official_dsnot.csv"
-    header = comparison_header("prunelab's DSnoT against the official code", args, ", 50% (unstructured and 2:4)")
+    header = comparison_header("prunelab's DSnoT against the official code", args, ", 50% (unstructured and 2:4) and 70%")
     if not args.render_only:
         torch.set_num_threads(args.threads)
         chosen = SETTINGS if args.settings is None else [SETTINGS[int(i)] for i in args.settings.split(",")]
