@@ -89,7 +89,7 @@ def _ranks(summary: pd.DataFrame, column: str) -> tuple[pd.Series, dict[str, dic
     for model, part in summary.groupby(MODEL, sort=False):
         values = sorted(part[column].dropna().unique(), key=numeric_first)
         order = {value: str(i + 1) for i, value in enumerate(values)}
-        ranks[part.index] = part[column].map(order).fillna("")
+        ranks[part.index] = [order.get(value, "") for value in part[column]]
         for value, level in order.items():
             per_level.setdefault(level, {})[model] = text_of(value)
     return ranks, per_level
