@@ -92,3 +92,11 @@ def test_a_foreign_csv_is_one_line(tmp_path, capsys):
     foreign.write_text("a,b\n1,2\n")
     assert by_model.main([str(foreign), "--out", str(tmp_path / "x.md")]) == 2
     assert "is not a table.csv written by prunelab-aggregate" in capsys.readouterr().err
+
+
+def test_depth_arms_are_named_by_their_scorer_not_by_a_recovery_the_width_arms_skip():
+    settings = pd.DataFrame({
+        "labels.model": ["m"] * 4, "labels.method": ["depth", "depth", "flap", "wanda_sp"],
+        "labels.recovery": ["ghosted", "none", "none", "none"],  # before scorer, as in the records
+        "labels.scorer": ["block_influence", "sleb", None, None], "is_dense": [False] * 4})
+    assert by_model._key_columns(settings) == ["labels.method", "labels.scorer"]

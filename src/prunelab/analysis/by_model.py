@@ -29,7 +29,7 @@ import pandas as pd
 
 from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns, label_varies
 from prunelab.analysis.render import (choose_decimals, distinguishing_labels, format_change,
-                                      format_mean, p_text, text_of, to_markdown)
+                                      format_mean, none_last, p_text, text_of, to_markdown)
 from prunelab.analysis.tables import numeric_first, read_summary_csv
 
 MODEL = LABEL_PREFIX + "model"
@@ -106,7 +106,8 @@ def _key_columns(summary: pd.DataFrame) -> list[str]:
     keys = [column for column in label_columns(summary)
             if column.removeprefix(LABEL_PREFIX) not in NOT_SETTING
             and label_varies(settings[column])]
-    return distinguishing_labels(settings, keys, within=[MODEL]) or [LABEL_PREFIX + "method"]
+    return distinguishing_labels(settings, none_last(settings, keys), within=[MODEL]) or [
+        LABEL_PREFIX + "method"]
 
 
 def _key_values(row: pd.Series, keys: Sequence[str]) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator
 from prunelab.analysis.names import direction, display_name, is_perplexity, is_relative_to_dense
 from prunelab.analysis.profiles import layer_profiles, plot_layer_profile  # noqa: F401
 from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns, label_varies
-from prunelab.analysis.render import distinguishing_labels, text_of
+from prunelab.analysis.render import distinguishing_labels, none_last, text_of
 from prunelab.analysis.style import (  # noqa: F401  (save_figure, slug, figure_png for callers)
     ERROR_BARS,
     error_bars,
@@ -281,13 +281,11 @@ def _varying_labels(settings: pd.DataFrame, exclude: Sequence[str]) -> list[str]
     skip = set(exclude) | {MODEL}
     varying = [c for c in label_columns(settings)
                if c not in skip and label_varies(settings[c])]
-    # The method, where it varies, is always named. Of the rest, a label some settings leave at
-    # "none" (recovery on the width arms) names a stage they skip: where the others imply it, it
-    # is the one left out, so it goes last (distinguishing_labels drops from the end).
+    # The method, where it varies, is always named; of the rest, a label left at "none" by some
+    # settings is the first left out where the others imply it (none_last).
     method = LABEL_PREFIX + "method"
     within = [c for c in (MODEL, method) if c in settings and (c == MODEL or c in varying)]
-    rest = sorted((c for c in varying if c != method),
-                  key=lambda c: (settings[c].astype(str) == "none").any())
+    rest = none_last(settings, [c for c in varying if c != method])
     kept = distinguishing_labels(settings.astype({c: str for c in varying}), rest, within=within)
     varying = [c for c in varying if c == method or c in kept]
     return varying or ([LABEL_PREFIX + "method"] if LABEL_PREFIX + "method" in settings else [])

@@ -47,6 +47,13 @@ def distinguishing_labels(settings: pd.DataFrame, columns: Sequence[str],
     return kept
 
 
+def none_last(settings: pd.DataFrame, columns: Sequence[str]) -> list[str]:
+    """`columns` with those some settings leave at "none" last (stable): such a label (recovery on
+    the width arms) names a stage those settings skip, so where the others imply it,
+    `distinguishing_labels`, which drops from the end, leaves it out first."""
+    return sorted(columns, key=lambda c: bool((settings[c].astype(str) == "none").any()))
+
+
 def format_table(summary: pd.DataFrame, decimals: int | None = None,
                  label_columns_shown: Sequence[str] | None = None, vs_dense: bool = False
                  ) -> tuple[pd.DataFrame, list[str]]:
