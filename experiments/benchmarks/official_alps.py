@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import copy
 import sys
-import tempfile
-import time
-import types
 from pathlib import Path
 
 import pandas as pd
@@ -28,17 +25,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from official_code import (  # noqa: E402
-    comparison_header, comparison_parser, cpu_shims, importable, official_copy, render_mask_table,
-)
+from official_code import comparison_header, comparison_parser, render_mask_table  # noqa: E402
+from official_runs import run_alps  # noqa: E402
 from oracles.compare import (  # noqa: E402
     compare_weights, layer_weights, load_smollm2, realtext_calibration, run_prunelab, truncated, with_model,
 )
 
 from prunelab.pruning.alps import ALPS  # noqa: E402
 
-OFFICIAL_FILES = ("llama.py", "alps.py", "modelutils.py")
-OFFICIAL_MODULES = ("llama", "alps", "modelutils")
 #: (official arguments: sparsity, nm_n, nm_m; prunelab settings)
 SETTINGS = [
     ((0.7, 0, 0), {"sparsity": 0.7}),
@@ -51,28 +45,6 @@ COLUMNS = {"official": "official arguments", "setting": "prunelab", "differing_e
            "seconds_prunelab": "prunelab s", "seconds_oracle": "official s"}
 
 
-def run_official(repo: Path, model, token_ids: torch.Tensor, sparsity: float, nm_n: int, nm_m: int) -> float:
-    """The official llama_sequential on `model` (in place); wall seconds."""
-    args = types.SimpleNamespace(nsamples=token_ids.shape[0], method="ALPS", sp=sparsity, nm_n=nm_n, nm_m=nm_m)
-    dataloader = [(token_ids[i:i + 1], None) for i in range(token_ids.shape[0])]
-    synchronize = torch.cuda.synchronize
-    with tempfile.TemporaryDirectory() as folder:
-        official_copy(repo, OFFICIAL_FILES, Path(folder))
-        with importable(Path(folder)), cpu_shims(model, token_ids, cuda_to_cpu=True):
-            torch.cuda.synchronize = lambda *a, **k: None
-            try:
-                import llama  # noqa: PLC0415  (the official script, imported inside the shims)
-
-                llama.args = args  # llama_sequential reads its command line from the module global
-                start = time.perf_counter()
-                llama.llama_sequential(model, dataloader, torch.device("cpu"), nsamples=args.nsamples)
-                return time.perf_counter() - start
-            finally:
-                torch.cuda.synchronize = synchronize
-                for name in OFFICIAL_MODULES:
-                    sys.modules.pop(name, None)
-
-
 def measure(repo: Path, settings: list, nsamples: int, seqlen: int, layers: int | None = None) -> pd.DataFrame:
     loaded = load_smollm2()
     if layers is not None:  # the first `layers` decoder layers only (a shorter check)
@@ -81,7 +53,7 @@ def measure(repo: Path, settings: list, nsamples: int, seqlen: int, layers: int 
     rows = []
     for (sparsity, nm_n, nm_m), prunelab_settings in settings:
         official = copy.deepcopy(loaded.model)
-        seconds_official = run_official(repo, official, token_ids, sparsity, nm_n, nm_m)
+        seconds_official = run_alps(repo, official, None, token_ids, f"sp={sparsity} --nm_n {nm_n} --nm_m {nm_m}")
         official_weights = layer_weights(official)
         del official
         ours = with_model(loaded, copy.deepcopy(loaded.model))

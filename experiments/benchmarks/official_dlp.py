@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import copy
 import sys
-import tempfile
-import types
 from pathlib import Path
 
 import pandas as pd
@@ -27,9 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from official_code import (  # noqa: E402
-    comparison_header, comparison_parser, cpu_shims, importable, official_copy,
-)
+from official_code import comparison_header, comparison_parser  # noqa: E402
+from official_runs import DLP_ALPHA as ALPHA  # noqa: E402
+from official_runs import dlp_ratios, run_dlp  # noqa: E402
 from oracles.compare import (  # noqa: E402
     compare_weights, layer_weights, load_smollm2, realtext_calibration, run_prunelab, with_model,
 )
@@ -39,35 +37,18 @@ from prunelab.calibration.dense_statistics import DenseStatistics  # noqa: E402
 from prunelab.context import PruneContext  # noqa: E402
 from prunelab.pruning.wanda import Wanda  # noqa: E402
 
-OFFICIAL_FILES = ("lib/prune.py", "lib/layerwrapper.py", "lib/utils.py", "lib/sparsegpt.py", "lib/quant.py")
 TARGETS = (0.7, 0.5)  # the README's 70%, and 50%
-ALPHA = 0.15  # the README's and every LLaMA script's
 
 
 def official_sparsities(repo: Path, model, tokenizer, token_ids: torch.Tensor, target: float) -> list[float]:
     """The official get_dlp_ratios, turned into the layer sparsities prune_wanda_dlp prunes with."""
-    args = types.SimpleNamespace(model="smollm2-llama", nsamples=token_ids.shape[0], seed=0,
-                                 sparsity_ratio=target, alpha=ALPHA)
-    with tempfile.TemporaryDirectory() as folder:
-        official_copy(repo, OFFICIAL_FILES, Path(folder))
-        with importable(Path(folder)), cpu_shims(model, token_ids):
-            from lib.prune import get_dlp_ratios  # noqa: PLC0415  (imported inside the shims: its lib.data)
-
-            ratios = get_dlp_ratios(args, model, tokenizer, torch.device("cpu"))
+    ratios = dlp_ratios(repo, model, tokenizer, token_ids, f"--sparsity_ratio {target}")
     return [0.01 if 1 - r <= 0 else 1 - r for r in ratios]
 
 
 def official_wanda_dlp(repo: Path, model, tokenizer, token_ids: torch.Tensor, target: float) -> None:
     """The README command (`--prune_method wanda_dlp --alpha 0.15`) on `model`, in place."""
-    args = types.SimpleNamespace(model="smollm2-llama", nsamples=token_ids.shape[0], seed=0,
-                                 sparsity_ratio=target, alpha=ALPHA, use_variant=False)
-    with tempfile.TemporaryDirectory() as folder:
-        official_copy(repo, OFFICIAL_FILES, Path(folder))
-        with importable(Path(folder)), cpu_shims(model, token_ids):
-            from lib.prune import get_dlp_ratios, prune_wanda_dlp  # noqa: PLC0415
-
-            ratios = get_dlp_ratios(args, model, tokenizer, torch.device("cpu"))
-            prune_wanda_dlp(args, model, tokenizer, torch.device("cpu"), ratios)
+    run_dlp(repo, model, tokenizer, token_ids, f"--prune_method wanda_dlp --sparsity_ratio {target}")
 
 
 def measure_masks(repo: Path, nsamples: int, seqlen: int, target: float, csv: Path) -> None:

@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import copy
 import sys
-import tempfile
-import time
-import types
 from pathlib import Path
 
 import pandas as pd
@@ -30,9 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from official_code import (  # noqa: E402
-    comparison_header, comparison_parser, cpu_shims, importable, official_copy, render_mask_table,
-)
+from official_code import comparison_header, comparison_parser, render_mask_table  # noqa: E402
+from official_runs import run_dsnot, switch  # noqa: E402
 from oracles.compare import (  # noqa: E402
     compare_weights, layer_weights, load_smollm2, realtext_calibration, run_prunelab, with_model,
 )
@@ -41,7 +37,6 @@ from prunelab.pruning.dsnot import DSnoT  # noqa: E402
 from prunelab.pruning.magnitude import Magnitude  # noqa: E402
 from prunelab.pruning.wanda import Wanda  # noqa: E402
 
-OFFICIAL_FILES = ("lib/prune.py", "lib/layerwrapper.py", "lib/sparsegpt.py", "lib/save_results.py")
 BASES = {"wanda": Wanda, "magnitude": Magnitude}
 #: (official command-line switches, prunelab base method, its settings, DSnoT's settings)
 SETTINGS = [
@@ -55,38 +50,6 @@ COLUMNS = {"official": "official switches", "setting": "prunelab", "differing_en
            "total_entries": "total entries", "layers_with_differences": "layers with differences",
            "pruned_prunelab": "pruned (prunelab)", "pruned_oracle": "pruned (official)",
            "swaps": "swaps (prunelab)", "seconds_prunelab": "prunelab s", "seconds_oracle": "official s"}
-
-
-def switch(switches: str, name: str, default: str) -> str:
-    """The value given to `name` on the command line `switches`, else main.py's default."""
-    words = switches.split()
-    return words[words.index(name) + 1] if name in words else default
-
-
-def official_args(switches: str, nsamples: int) -> types.SimpleNamespace:
-    """main.py's arguments for the README command with these switches (its defaults otherwise)."""
-    sparsity_type = switch(switches, "--sparsity_type", "unstructured")
-    return types.SimpleNamespace(
-        model="smollm2-llama", seed=0, nsamples=nsamples, sparsity_ratio=float(switch(switches, "--sparsity_ratio", "0.5")),
-        sparsity_type=sparsity_type,
-        prune_method="DSnoT", initial_method=switch(switches, "--initial_method", "wanda"),
-        max_cycle_time=50, without_DSnoT=False, update_threshold=0.1, pow_of_var_regrowing=1.0,
-        pow_of_var_pruning=1.0, skip_layer="mlp", skip_sub_layer="no_skip", without_same_sign=True,
-        get_time_overhead=False, output_results_file="results.txt")
-
-
-def run_official(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
-    """The official prune_DSnoT on `model` (in place); wall seconds."""
-    args = official_args(switches, token_ids.shape[0])
-    with tempfile.TemporaryDirectory() as folder:
-        official_copy(repo, OFFICIAL_FILES, Path(folder))
-        with importable(Path(folder)), cpu_shims(model, token_ids):
-            from lib.prune import prune_DSnoT  # noqa: PLC0415  (imported inside the shims: its lib.data)
-
-            start = time.perf_counter()
-            n, m = (0, 0) if args.sparsity_type == "unstructured" else map(int, args.sparsity_type.split(":"))
-            prune_DSnoT(args, model, tokenizer, torch.device("cpu"), prune_n=n, prune_m=m)
-            return time.perf_counter() - start
 
 
 def label(base: str, settings: dict, refine: dict) -> str:
@@ -103,7 +66,7 @@ def measure(repo: Path, settings: list, nsamples: int, seqlen: int, csv: Path) -
     for switches, base, base_settings, refine_settings in settings:
         if switches not in official_runs:
             official = copy.deepcopy(loaded.model)
-            seconds_official = run_official(repo, official, loaded.tokenizer, token_ids, switches)
+            seconds_official = run_dsnot(repo, official, loaded.tokenizer, token_ids, switches)
             official_runs[switches] = (layer_weights(official), seconds_official)
             del official
         official_weights, seconds_official = official_runs[switches]

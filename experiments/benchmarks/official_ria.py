@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import copy
 import sys
-import tempfile
-import time
-import types
 from pathlib import Path
 
 import pandas as pd
@@ -29,16 +26,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from official_code import (  # noqa: E402
-    comparison_header, comparison_parser, cpu_shims, importable, official_copy, render_mask_table,
-)
+from official_code import comparison_header, comparison_parser, render_mask_table  # noqa: E402
+from official_runs import run_ria  # noqa: E402
 from oracles.compare import (  # noqa: E402
     compare_weights, layer_weights, load_smollm2, realtext_calibration, run_prunelab, with_model,
 )
 
 from prunelab.pruning.ria import RIA  # noqa: E402
 
-OFFICIAL_FILES = ("lib/prune.py", "lib/layerwrapper.py", "lib/sparsegpt.py", "lib/quant.py")
 #: (official command-line switches, prunelab settings)
 SETTINGS = [
     ("--sparsity_type unstructured", {"sparsity_type": "unstructured"}),
@@ -54,40 +49,13 @@ COLUMNS = {"official": "official switches", "setting": "prunelab", "differing_en
            "seconds_prunelab": "prunelab s", "seconds_oracle": "official s"}
 
 
-def official_args(switches: str, nsamples: int, seqlen: int) -> tuple[types.SimpleNamespace, int, int]:
-    """main.py's arguments for these switches (its defaults otherwise), and prune_n, prune_m."""
-    words = switches.split()
-    sparsity_type = words[words.index("--sparsity_type") + 1]
-    args = types.SimpleNamespace(
-        model="smollm2-llama",  # its loops branch on "llama" in the model name
-        seed=0, calib_dataset="realtext", nsamples=nsamples, seqlen=seqlen, sparsity_ratio=0.5,
-        sparsity_type=sparsity_type, prune_method="ria", a=0.5, reconstruction=False, gptq=False,
-        reallocation="--reallocation" in words, lsa="--lsa" in words, fast="--fast" in words,
-        importance_score="sum", per_outneuron=False, semi_sparse_acc=False)
-    n, m = (0, 0) if sparsity_type == "unstructured" else map(int, sparsity_type.split(":"))
-    return args, n, m
-
-
-def run_official(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
-    """The official prune_ria on `model` (in place); wall seconds."""
-    args, n, m = official_args(switches, token_ids.shape[0], token_ids.shape[1])
-    with tempfile.TemporaryDirectory() as folder:
-        official_copy(repo, OFFICIAL_FILES, Path(folder))
-        with importable(Path(folder)), cpu_shims(model, token_ids, cuda_to_cpu=True):
-            from lib.prune import prune_ria  # noqa: PLC0415  (imported inside the shims: its lib.data)
-
-            start = time.perf_counter()
-            prune_ria(args, model, tokenizer, torch.device("cpu"), prune_n=n, prune_m=m)
-            return time.perf_counter() - start
-
-
 def measure(repo: Path, settings: list, nsamples: int, seqlen: int) -> pd.DataFrame:
     loaded = load_smollm2()
     token_ids = realtext_calibration(loaded.tokenizer, nsamples, seqlen, seed=0)
     rows = []
     for switches, prunelab_settings in settings:
         official = copy.deepcopy(loaded.model)
-        seconds_official = run_official(repo, official, loaded.tokenizer, token_ids, switches)
+        seconds_official = run_ria(repo, official, loaded.tokenizer, token_ids, switches)
         official_weights = layer_weights(official)
         del official
         ours = with_model(loaded, copy.deepcopy(loaded.model))

@@ -1,0 +1,193 @@
+"""The official pruning code's entry points, as each repository's command line calls them.
+
+Nothing here imports prunelab: `user_conditions.py` runs these functions in a process of their
+own, on a model loaded by plain `from_pretrained`, the way a user of the official repository runs
+it, and checks afterwards that no prunelab module was loaded. The in-process comparisons
+(`official_ria.py`, `official_dsnot.py`, `official_dlp.py`, `official_alps.py`) call the same
+functions on a deep copy of prunelab's model.
+
+Each function prunes `model` in place with the calibration token ids `token_ids` ([N, T]) and
+returns its wall seconds; `repo` is the git dir of the fetched official repository, whose files are
+copied unedited into a temporary folder (`official_code.official_copy`).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from official_code import cpu_shims, importable, official_copy  # noqa: E402
+
+
+def switch(switches: str, name: str, default: str) -> str:
+    """The value given to `name` on the command line `switches`, else the script's default."""
+    words = switches.split()
+    return words[words.index(name) + 1] if name in words else default
+
+
+def nm_of(sparsity_type: str) -> tuple[int, int]:
+    """(prune_n, prune_m) as main.py passes them: (0, 0) for unstructured."""
+    return (0, 0) if sparsity_type == "unstructured" else tuple(map(int, sparsity_type.split(":")))
+
+
+# ---- RIA (biomedical-cybernetics/Relative-importance-and-activation-pruning, lib/prune.py prune_ria)
+
+RIA_FILES = ("lib/prune.py", "lib/layerwrapper.py", "lib/sparsegpt.py", "lib/quant.py")
+
+
+def ria_args(switches: str, nsamples: int, seqlen: int) -> types.SimpleNamespace:
+    """main.py's arguments for these switches (its defaults otherwise)."""
+    words = switches.split()
+    return types.SimpleNamespace(
+        model="smollm2-llama",  # its loops branch on "llama" in the model name
+        seed=0, calib_dataset="realtext", nsamples=nsamples, seqlen=seqlen,
+        sparsity_ratio=float(switch(switches, "--sparsity_ratio", "0.5")),
+        sparsity_type=switch(switches, "--sparsity_type", "unstructured"), prune_method="ria", a=0.5,
+        reconstruction=False, gptq=False, reallocation="--reallocation" in words, lsa="--lsa" in words,
+        fast="--fast" in words, importance_score="sum", per_outneuron=False, semi_sparse_acc=False)
+
+
+def run_ria(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
+    """`main.py --prune_method ria <switches>`: the official prune_ria on `model`."""
+    args = ria_args(switches, token_ids.shape[0], token_ids.shape[1])
+    n, m = nm_of(args.sparsity_type)
+    with tempfile.TemporaryDirectory() as folder:
+        official_copy(repo, RIA_FILES, Path(folder))
+        with importable(Path(folder)), cpu_shims(model, token_ids, cuda_to_cpu=True):
+            from lib.prune import prune_ria  # noqa: PLC0415  (imported inside the shims: its lib.data)
+
+            start = time.perf_counter()
+            prune_ria(args, model, tokenizer, torch.device("cpu"), prune_n=n, prune_m=m)
+            return time.perf_counter() - start
+
+
+# ---- DSnoT (zyxxmu/DSnoT, lib/prune.py prune_DSnoT)
+
+DSNOT_FILES = ("lib/prune.py", "lib/layerwrapper.py", "lib/sparsegpt.py", "lib/save_results.py")
+
+
+def dsnot_args(switches: str, nsamples: int) -> types.SimpleNamespace:
+    """main.py's arguments for the README command with these switches (its defaults otherwise)."""
+    return types.SimpleNamespace(
+        model="smollm2-llama", seed=0, nsamples=nsamples,
+        sparsity_ratio=float(switch(switches, "--sparsity_ratio", "0.5")),
+        sparsity_type=switch(switches, "--sparsity_type", "unstructured"),
+        prune_method="DSnoT", initial_method=switch(switches, "--initial_method", "wanda"),
+        max_cycle_time=50, without_DSnoT=False, update_threshold=0.1, pow_of_var_regrowing=1.0,
+        pow_of_var_pruning=1.0, skip_layer="mlp", skip_sub_layer="no_skip", without_same_sign=True,
+        get_time_overhead=False, output_results_file="results.txt")
+
+
+def run_dsnot(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
+    """`main.py --prune_method DSnoT <switches>`: the official prune_DSnoT on `model`."""
+    args = dsnot_args(switches, token_ids.shape[0])
+    n, m = nm_of(args.sparsity_type)
+    with tempfile.TemporaryDirectory() as folder:
+        official_copy(repo, DSNOT_FILES, Path(folder))
+        with importable(Path(folder)), cpu_shims(model, token_ids):
+            from lib.prune import prune_DSnoT  # noqa: PLC0415
+
+            start = time.perf_counter()
+            prune_DSnoT(args, model, tokenizer, torch.device("cpu"), prune_n=n, prune_m=m)
+            return time.perf_counter() - start
+
+
+# ---- DLP (ironartisan/DLP, run.py: get_dlp_ratios then prune_<base>_dlp; also its copies of
+# Wanda's prune_wanda and prune_sparsegpt)
+
+DLP_FILES = ("lib/prune.py", "lib/layerwrapper.py", "lib/utils.py", "lib/sparsegpt.py", "lib/quant.py")
+DLP_ALPHA = 0.15  # the README's and every LLaMA script's
+
+
+def dlp_args(switches: str, nsamples: int) -> types.SimpleNamespace:
+    """run.py's arguments for these switches (its defaults and the README's alpha otherwise)."""
+    return types.SimpleNamespace(
+        model="smollm2-llama", nsamples=nsamples, seed=0,
+        sparsity_ratio=float(switch(switches, "--sparsity_ratio", "0.5")),
+        sparsity_type=switch(switches, "--sparsity_type", "unstructured"),
+        prune_method=switch(switches, "--prune_method", "wanda_dlp"),
+        alpha=float(switch(switches, "--alpha", str(DLP_ALPHA))), use_variant=False, strategy="median",
+        wbits=16, gptq=False)
+
+
+def dlp_ratios(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> list[float]:
+    """The official get_dlp_ratios (what run.py computes before pruning)."""
+    args = dlp_args(switches, token_ids.shape[0])
+    n, m = nm_of(args.sparsity_type)
+    with tempfile.TemporaryDirectory() as folder:
+        official_copy(repo, DLP_FILES, Path(folder))
+        with importable(Path(folder)), cpu_shims(model, token_ids):
+            from lib.prune import get_dlp_ratios  # noqa: PLC0415
+
+            return get_dlp_ratios(args, model, tokenizer, torch.device("cpu"), prune_n=n, prune_m=m)
+
+
+def run_dlp(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
+    """`run.py --prune_method <wanda|sparsegpt|magnitude>_dlp <switches>` (the ratios computed, not
+    read from its ratios/ cache), or `--prune_method wanda|sparsegpt` (its copies of Wanda's
+    functions), on `model`."""
+    args = dlp_args(switches, token_ids.shape[0])
+    n, m = nm_of(args.sparsity_type)
+    cpu = torch.device("cpu")
+    with tempfile.TemporaryDirectory() as folder:
+        official_copy(repo, DLP_FILES, Path(folder))
+        with importable(Path(folder)), cpu_shims(model, token_ids):
+            from lib import prune  # noqa: PLC0415
+
+            start = time.perf_counter()
+            method = args.prune_method
+            if method.endswith("_dlp"):
+                ratios = prune.get_dlp_ratios(args, model, tokenizer, cpu, prune_n=n, prune_m=m)
+                pruner = {"wanda_dlp": prune.prune_wanda_dlp, "sparsegpt_dlp": prune.prune_sparsegpt_dlp,
+                          "magnitude_dlp": prune.prune_mag_dlp}[method]
+                pruner(args, model, tokenizer, cpu, ratios, prune_n=n, prune_m=m)
+            elif method == "wanda":
+                prune.prune_wanda(args, model, tokenizer, cpu, prune_n=n, prune_m=m)
+            elif method == "sparsegpt":
+                prune.prune_sparsegpt(args, model, tokenizer, cpu, prune_n=n, prune_m=m)
+            else:
+                raise ValueError(f"no official entry for --prune_method {method}")
+            return time.perf_counter() - start
+
+
+# ---- ALPS (mazumder-lab/ALPS, llama.py llama_sequential)
+
+ALPS_FILES = ("llama.py", "alps.py", "modelutils.py")
+ALPS_MODULES = ("llama", "alps", "modelutils")
+
+
+def run_alps(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
+    """`llama.py <model> c4 ALPS <sp> [--nm_n N --nm_m M]`: the official llama_sequential on `model`
+    (rho 0.1, as that function hard-codes it). `switches`: "sp=0.5 --nm_n 0 --nm_m 0"."""
+    del tokenizer
+    sparsity = float(switches.split()[0].removeprefix("sp="))
+    args = types.SimpleNamespace(nsamples=token_ids.shape[0], method="ALPS", sp=sparsity,
+                                 nm_n=int(switch(switches, "--nm_n", "0")), nm_m=int(switch(switches, "--nm_m", "0")))
+    dataloader = [(token_ids[i:i + 1], None) for i in range(token_ids.shape[0])]
+    synchronize = torch.cuda.synchronize
+    with tempfile.TemporaryDirectory() as folder:
+        official_copy(repo, ALPS_FILES, Path(folder))
+        with importable(Path(folder)), cpu_shims(model, token_ids, cuda_to_cpu=True):
+            torch.cuda.synchronize = lambda *a, **k: None  # alps.py calls it after every solve
+            try:
+                import llama  # noqa: PLC0415  (the official script, imported inside the shims)
+
+                llama.args = args  # llama_sequential reads its command line from the module global
+                start = time.perf_counter()
+                llama.llama_sequential(model, dataloader, torch.device("cpu"), nsamples=args.nsamples)
+                return time.perf_counter() - start
+            finally:
+                torch.cuda.synchronize = synchronize
+                for name in ALPS_MODULES:
+                    sys.modules.pop(name, None)
+
+
+#: method -> its official runner
+RUNNERS = {"ria": run_ria, "dsnot": run_dsnot, "dlp": run_dlp, "alps": run_alps}

@@ -1,0 +1,320 @@
+"""prunelab against the official code the way users meet both: a model from plain `from_pretrained`,
+each side in a process of its own, at a chosen torch thread count.
+
+The other official-code comparisons (`official_*.py`) run both sides in one process on deep copies
+of prunelab's loaded model. A researcher meets the methods otherwise: `AutoModelForCausalLM.
+from_pretrained(folder)` in a fresh process, whatever thread count the machine gives. This script
+runs every case in each of these modes and counts, per linear of the decoder layers, the mask
+entries where the two sides differ:
+
+- `process-1t` / `process-2t`: the official code in one subprocess (its repository's function, its
+  command line's defaults, CPU shims only; no prunelab module is imported there, which the child
+  checks), prunelab's public API (`prunelab.prune(model, tokenizer, method=..., calibration=ids)`)
+  in another, each loading the folder with plain `from_pretrained` (float32, default attention,
+  nothing set) and setting `torch.set_num_threads` to 1 or 2;
+- `inprocess`: one subprocess loads the folder once and runs both sides on deep copies of it.
+
+The folder is the `save_pretrained` folder prunelab converts SmolLM2-135M's GGUF into (the same
+weights every prunelab run uses); the calibration is realtext, 32 x 256 tokens, seed 0, given to
+both sides as token ids. Rows go to the CSV as they finish, and a rerun skips the rows it has.
+
+    python experiments/benchmarks/user_conditions.py --repo ria=/work/.mirror/<ria>/repo \\
+        --repo dsnot=... --repo dlp=... --repo alps=... [--cases ria_unstructured,...] \\
+        [--modes process-1t,process-2t,inprocess] --out results/benchmarks
+    python experiments/benchmarks/user_conditions.py --render-only --out results/benchmarks
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One official command line and the prunelab call that claims to reproduce it."""
+
+    name: str
+    method: str  # official_runs.RUNNERS key
+    official: str  # the official switches
+    prunelab: dict[str, Any]  # prunelab.prune keywords
+    layers: int | None = None  # the first N decoder layers only (ALPS: an hour a side for all 30)
+    weights: bool = False  # also compare the kept weights (methods that refit them)
+
+
+CASES = [
+    Case("wanda_50", "dlp", "--prune_method wanda --sparsity_ratio 0.5", {"method": "wanda"}),
+    Case("wanda_2of4", "dlp", "--prune_method wanda --sparsity_type 2:4", {"method": "wanda", "sparsity_type": "2:4"}),
+    Case("ria_unstructured", "ria", "--sparsity_type unstructured", {"method": "ria"}),
+    Case("ria_2of4", "ria", "--sparsity_type 2:4", {"method": "ria", "sparsity_type": "2:4"}),
+    Case("ria_2of4_heuristic", "ria", "--sparsity_type 2:4 --reallocation",
+         {"method": "ria", "sparsity_type": "2:4", "permutation": "heuristic"}),
+    Case("ria_2of4_lsa_fast", "ria", "--sparsity_type 2:4 --reallocation --lsa --fast",
+         {"method": "ria", "sparsity_type": "2:4", "permutation": "lsa", "lsa_fast": True}),
+    Case("wanda_dsnot_50", "dsnot", "--initial_method wanda", {"method": "wanda", "refine": "dsnot"}),
+    Case("wanda_dsnot_2of4", "dsnot", "--initial_method wanda --sparsity_type 2:4",
+         {"method": "wanda", "refine": "dsnot", "sparsity_type": "2:4"}),
+    Case("wanda_dlp_70", "dlp", "--prune_method wanda_dlp --sparsity_ratio 0.7",
+         {"method": "wanda", "allocation": "dlp", "sparsity": 0.7}),
+    Case("wanda_dlp_50", "dlp", "--prune_method wanda_dlp --sparsity_ratio 0.5",
+         {"method": "wanda", "allocation": "dlp", "sparsity": 0.5}),
+    Case("sparsegpt_dlp_70", "dlp", "--prune_method sparsegpt_dlp --sparsity_ratio 0.7",
+         {"method": "sparsegpt", "allocation": "dlp", "sparsity": 0.7}, weights=True),
+    Case("magnitude_dlp_70", "dlp", "--prune_method magnitude_dlp --sparsity_ratio 0.7",
+         {"method": "magnitude", "allocation": "dlp", "sparsity": 0.7}),
+    Case("alps_50", "alps", "sp=0.5 --nm_n 0 --nm_m 0", {"method": "alps", "sparsity": 0.5}, layers=4, weights=True),
+    Case("alps_70", "alps", "sp=0.7 --nm_n 0 --nm_m 0", {"method": "alps", "sparsity": 0.7}, layers=4, weights=True),
+    Case("alps_2of4", "alps", "sp=0.5 --nm_n 2 --nm_m 4", {"method": "alps", "sparsity_type": "2:4"},
+         layers=4, weights=True),
+]
+BY_NAME = {case.name: case for case in CASES}
+MODES = {"inprocess": "one process, deep copies", "process-1t": "own processes, 1 thread",
+         "process-2t": "own processes, 2 threads"}
+NSAMPLES, SEQLEN = 32, 256
+
+
+# ---- in the child processes (the official side imports no prunelab)
+
+def load_plain(folder: Path, layers: int | None):
+    """The model and tokenizer as a user loads them: plain from_pretrained, nothing set."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    if layers is not None:
+        model.model.layers = torch.nn.ModuleList(list(model.model.layers)[:layers])
+        model.config.num_hidden_layers = layers
+        model.config.layer_types = model.config.layer_types[:layers] if getattr(
+            model.config, "layer_types", None) else None
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
+def linear_state(model, weights: bool) -> dict[str, torch.Tensor]:
+    """Each decoder-layer linear's zero pattern (bit-packed) and, with `weights`, its weight."""
+    import numpy as np
+
+    state = {}
+    for name, parameter in model.model.layers.named_parameters():
+        if parameter.dim() == 2:
+            zero = (parameter.detach() == 0).numpy()
+            state[f"{name}.mask"] = torch.from_numpy(np.packbits(zero.reshape(-1)))
+            state[f"{name}.shape"] = torch.tensor(zero.shape)
+            if weights:
+                state[f"{name}.weight"] = parameter.detach().clone()
+    return state
+
+
+def run_official_side(case: Case, repo: Path, model, tokenizer, token_ids: torch.Tensor) -> float:
+    from official_runs import RUNNERS
+
+    return RUNNERS[case.method](repo, model, tokenizer, token_ids, case.official)
+
+
+def run_prunelab_side(case: Case, model, tokenizer, token_ids: torch.Tensor) -> float:
+    import prunelab
+
+    options = dict(case.prunelab)
+    start = time.perf_counter()
+    prunelab.prune(model, tokenizer, method=options.pop("method"), calibration=token_ids, progress=False, **options)
+    return time.perf_counter() - start
+
+
+def child(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    case, token_ids = BY_NAME[args.case], torch.load(args.ids)
+    case = replace(case, layers=args.layers) if args.layers else case
+    model, tokenizer = load_plain(args.folder, case.layers)
+    out: dict[str, Any] = {}
+    if args.side == "official":
+        out["official_seconds"] = run_official_side(case, args.repo, model, tokenizer, token_ids)
+        loaded = sorted(name for name in sys.modules if name.split(".")[0] == "prunelab")
+        if loaded:
+            raise SystemExit(f"the official side imported prunelab: {loaded[:3]}")
+        out["official"] = linear_state(model, case.weights)
+    elif args.side == "prunelab":
+        out["prunelab_seconds"] = run_prunelab_side(case, model, tokenizer, token_ids)
+        out["prunelab"] = linear_state(model, case.weights)
+    else:  # both, in this one process, on deep copies
+        official = copy.deepcopy(model)
+        out["official_seconds"] = run_official_side(case, args.repo, official, tokenizer, token_ids)
+        out["official"] = linear_state(official, case.weights)
+        del official
+        ours = copy.deepcopy(model)
+        out["prunelab_seconds"] = run_prunelab_side(case, ours, tokenizer, token_ids)
+        out["prunelab"] = linear_state(ours, case.weights)
+    out["threads"] = torch.get_num_threads()
+    torch.save(out, args.out)
+
+
+# ---- in the parent
+
+def user_folder(cache_dir: Path | None) -> tuple[Path, Path]:
+    """The save_pretrained folder of SmolLM2-135M that prunelab's `smollm2_135m` loads, and the
+    calibration ids (realtext, 32 x 256, seed 0) saved beside the results."""
+    sys.path.insert(0, str(HERE.parents[1] / "tests"))
+    from oracles.compare import load_smollm2, realtext_calibration  # noqa: PLC0415
+
+    loaded = load_smollm2(cache_dir) if cache_dir else load_smollm2()
+    ids = Path(tempfile.gettempdir()) / "prunelab_user_conditions_ids.pt"
+    torch.save(realtext_calibration(loaded.tokenizer, NSAMPLES, SEQLEN, seed=0), ids)
+    return Path(loaded.source), ids
+
+
+def spawn(side: str, case: Case, mode: str, folder: Path, ids: Path, repo: Path, workdir: Path) -> dict:
+    threads = 2 if mode == "process-2t" else 1
+    out = workdir / f"{case.name}-{mode}-{side}.pt"
+    command = [sys.executable, __file__, "--child", side, "--case", case.name, "--threads", str(threads),
+               *(["--layers", str(case.layers)] if case.layers else []),
+               "--folder", str(folder), "--ids", str(ids), "--repo", str(repo), "--child-out", str(out)]
+    env = {**os.environ, "PYTHONHASHSEED": "random"}
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+    result = torch.load(out)
+    out.unlink()
+    return result
+
+
+def compare(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Differing zero-pattern entries per linear, and the largest weight difference where kept."""
+    import numpy as np
+
+    per_linear, entries, max_dw = {}, 0, None
+    for key in sorted(k for k in ours if k.endswith(".mask")):
+        name = key.removesuffix(".mask")
+        shape = tuple(ours[f"{name}.shape"].tolist())
+        count = int(np.prod(shape))
+        a = np.unpackbits(ours[key].numpy())[:count]
+        b = np.unpackbits(theirs[key].numpy())[:count]
+        per_linear[name] = int((a != b).sum())
+        entries += count
+        if f"{name}.weight" in ours:
+            diff = float((ours[f"{name}.weight"] - theirs[f"{name}.weight"]).abs().max())
+            max_dw = diff if max_dw is None else max(max_dw, diff)
+    differing = {name: n for name, n in per_linear.items() if n}
+    return {"linears": len(per_linear), "linears_differing": len(differing),
+            "differing_entries": sum(differing.values()), "entries": entries, "max_abs_dW": max_dw,
+            "first_differing": ", ".join(list(differing)[:3])}
+
+
+def measure(case: Case, mode: str, folder: Path, ids: Path, repo: Path) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as workdir:
+        if mode == "inprocess":
+            both = spawn("both", case, mode, folder, ids, repo, Path(workdir))
+            official, ours = both, both
+        else:
+            official = spawn("official", case, mode, folder, ids, repo, Path(workdir))
+            ours = spawn("prunelab", case, mode, folder, ids, repo, Path(workdir))
+    row = {"case": case.name, "method": case.method, "official": case.official,
+           "prunelab": json.dumps(case.prunelab), "layers": case.layers or "all", "mode": mode,
+           **compare(ours["prunelab"], official["official"]), "threads": ours["threads"],
+           "seconds_official": official["official_seconds"], "seconds_prunelab": ours["prunelab_seconds"]}
+    return row
+
+
+NOTES = """How to read it: each cell is `linears whose mask differs / linears compared (differing entries)`
+for the decoder-layer linears of SmolLM2-135M (210 linears, 106,168,320 entries over all 30 layers;
+ALPS on its first 4 layers, 28 linears, about 14.2M entries, since it costs about an hour a side for
+all 30). `max |dW|` (ALPS and SparseGPT, which refit the kept weights) is the largest difference
+between the two sides' pruned weights in any mode. Modes: `one process` runs both sides in one
+process on deep copies of one `from_pretrained` model; `own processes` runs the official code and
+prunelab each in a fresh process of its own (Python's hash seed random in each), each loading the
+folder with plain `from_pretrained`, at 1 or 2 torch threads. The official side is the repository's
+own function (`official_runs.py`), unedited, CPU shims only, and imports no prunelab module (the
+child process checks). The prunelab side is the public API, `prunelab.prune(model, tokenizer,
+method=..., calibration=token_ids, ...)` with the keywords shown.
+"""
+
+
+def render(table, header: str) -> str:
+    import pandas as pd
+
+    cells = table.assign(cell=[f"{r.linears_differing} / {r.linears} ({int(r.differing_entries):,})"
+                               for r in table.itertuples()])
+    wide = cells.pivot_table(index=["case", "official", "prunelab", "layers"], columns="mode", values="cell",
+                             aggfunc="first", sort=False).reset_index()
+    wide.columns.name = None
+    wide = wide.rename(columns=MODES)
+    dw = table.groupby("case", sort=False)["max_abs_dW"].max()
+    wide["max |dW|"] = [("" if pd.isna(dw.get(c)) else f"{dw[c]:.3g}") for c in wide["case"]]
+    order = ["case", "official", "prunelab", "layers", *[MODES[m] for m in MODES if MODES[m] in wide], "max |dW|"]
+    return f"# {header}\n\n{wide[order].to_markdown(index=False, disable_numparse=True)}\n\n{NOTES}"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", action="append", default=[], metavar="METHOD=GITDIR",
+                        help="git dir of a fetched official repository: ria=, dsnot=, dlp=, alps=")
+    parser.add_argument("--cases", default=",".join(BY_NAME), help="comma-separated case names")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument("--cache-dir", type=Path, default=None, help="prunelab's cache (the converted GGUF)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="the first N decoder layers only, for every case (a quick check; not for the table)")
+    parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--child", choices=["official", "prunelab", "both"], help=argparse.SUPPRESS)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--ids", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.side = args.child
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.child:
+        args.repo = Path(args.repo[0]) if args.repo else None
+        args.out = args.child_out
+        return child(args)
+    import pandas as pd
+
+    csv = args.out / "official_user_conditions.csv"
+    header = ("prunelab against the official code as users run both: SmolLM2-135M from `from_pretrained`, "
+              f"realtext calibration {NSAMPLES} x {SEQLEN} tokens (seed 0), fp32, CPU ({torch.backends.cpu.get_cpu_capability()}), "
+              f"torch {torch.__version__}")
+    if not args.render_only:
+        repos = dict(item.split("=", 1) for item in args.repo)
+        unknown = [c for c in args.cases.split(",") if c not in BY_NAME]
+        if unknown:
+            raise SystemExit(f"unknown case(s) {unknown}; known: {', '.join(BY_NAME)}")
+        args.out.mkdir(parents=True, exist_ok=True)
+        folder, ids = user_folder(args.cache_dir)
+        done = pd.read_csv(csv) if csv.exists() else pd.DataFrame(columns=["case", "mode"])
+        for name in args.cases.split(","):
+            case = replace(BY_NAME[name], layers=args.layers) if args.layers else BY_NAME[name]
+            if case.method not in repos:
+                print(f"{name}: skipped (no --repo {case.method}=...)", flush=True)
+                continue
+            for mode in args.modes.split(","):
+                if ((done["case"] == name) & (done["mode"] == mode)).any():
+                    continue
+                try:
+                    row = measure(case, mode, folder, ids, Path(repos[case.method]))
+                except subprocess.CalledProcessError as err:  # the others still run; a rerun retries it
+                    print(f"{name} [{mode}]: a side failed (exit {err.returncode}); not recorded", flush=True)
+                    continue
+                print(f"{name} [{mode}]: {row['linears_differing']} of {row['linears']} linears differ "
+                      f"({row['differing_entries']} entries; {row['seconds_official']:.0f} s official, "
+                      f"{row['seconds_prunelab']:.0f} s prunelab)", flush=True)
+                done = pd.concat([done, pd.DataFrame([row])], ignore_index=True)
+                done.to_csv(csv, index=False)
+    (args.out / "official_user_conditions.md").write_text(render(pd.read_csv(csv), header))
+    print((args.out / "official_user_conditions.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
