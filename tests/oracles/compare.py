@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ import prunelab.pruning  # noqa: F401  first: prunelab.allocation first hits an 
 from prunelab.cli import model_preset
 from prunelab.context import PruneContext
 from prunelab.data import CalibrationSpec, calibration_samples
-from prunelab.models import load_model
+from prunelab.models import load_model, wrap_model
 from prunelab.models.adapter import ModelAdapter
 from prunelab.pruning.dsnot import DSnoT
 from prunelab.pruning.magnitude import Magnitude
@@ -77,6 +77,19 @@ def truncated(loaded, num_layers: int):
     finally:
         model.model.layers, model.config.num_hidden_layers = layers, saved
     return with_model(loaded, short)
+
+
+def plain_loaded(folder: str | Path, num_layers: int | None = None):
+    """A LoadedModel over `AutoModelForCausalLM.from_pretrained(folder)` with nothing set, as a
+    user's script loads it, its first `num_layers` decoder layers kept in place: no deep copy, so
+    its weights stay where transformers put them (a deep copy moves them to fresh allocations)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    if num_layers is not None:
+        model.model.layers = nn.ModuleList(list(model.model.layers)[:num_layers])
+        model.config.num_hidden_layers = num_layers
+    return wrap_model(model, AutoTokenizer.from_pretrained(folder))
 
 
 def realtext_calibration(tokenizer, nsamples: int, seqlen: int, seed: int = 0) -> torch.Tensor:
@@ -218,9 +231,10 @@ class OracleRun:
 
 
 def oracle_run(loaded, method: str, token_ids: torch.Tensor, sparsity: float, sparsity_type: str,
-               **oracle_switches: Any) -> OracleRun:
-    """Prune a copy of loaded.model with the oracle; the original is not changed."""
-    model = copy.deepcopy(loaded.model)
+               fresh: Callable[[], Any] | None = None, **oracle_switches: Any) -> OracleRun:
+    """Prune a copy of loaded.model with the oracle (or, with `fresh`, a new load of the same
+    model); the original is not changed."""
+    model = fresh().model if fresh else copy.deepcopy(loaded.model)
     seconds = run_oracle(model, method, token_ids, sparsity, sparsity_type, **oracle_switches)
     weights = layer_weights(model)
     del model
@@ -229,16 +243,17 @@ def oracle_run(loaded, method: str, token_ids: torch.Tensor, sparsity: float, sp
 
 def compare(loaded, method: str, token_ids: torch.Tensor, sparsity: float = 0.5,
             sparsity_type: str = "unstructured", switches: dict[str, Any] | None = None,
-            oracle: OracleRun | None = None) -> Comparison:
+            oracle: OracleRun | None = None, fresh: Callable[[], Any] | None = None) -> Comparison:
     """prunelab's `method` (defaults + `switches`) against the oracle, each on its own deep copy
     of loaded.model with the same calibration `token_ids` ([N, T]); loaded.model is not changed.
 
     `oracle`: a previous `oracle_run` of the same method and sparsity to compare against (the
-    oracle does not depend on prunelab's switches)."""
+    oracle does not depend on prunelab's switches). `fresh`: a function returning a new LoadedModel
+    of the same weights (`plain_loaded`), used for each side instead of a deep copy."""
     switches = dict(switches or {})
     if oracle is None:
-        oracle = oracle_run(loaded, method, token_ids, sparsity, sparsity_type)
-    ours = with_model(loaded, copy.deepcopy(loaded.model))
+        oracle = oracle_run(loaded, method, token_ids, sparsity, sparsity_type, fresh=fresh)
+    ours = fresh() if fresh else with_model(loaded, copy.deepcopy(loaded.model))
     method_object = prunelab_method(method, sparsity, sparsity_type, **switches)
     seconds = run_prunelab(ours, method_object, token_ids)
     result = compare_weights(layer_weights(ours.model), oracle.weights, method=method,
