@@ -5,7 +5,9 @@ thread count the machine gives; the official code runs in a process of its own. 
 is the sharpest check: one threshold over a whole matrix, so a score that moves by one rounding
 step anywhere near the threshold flips an entry. Each run here is its own subprocess
 (`tests/oracles/process_masks.py`) on SmolLM2-135M's first two layers, loaded the plain way, with
-Python's hash seed random in each; the masks are compared by hash:
+Python's hash seed random in each. The masks are compared by hash, and so are the score matrices
+to the last bit (on two layers a reduction taken in another order rarely flips a mask entry, but it
+always changes the scores' bits):
 - prunelab in two processes: the same masks;
 - prunelab at 1 and at 2 torch threads: the same masks (the reference's reductions, column and
   row sums of |W| and the running squared norm, are thread-independent for these shapes, so
@@ -68,17 +70,20 @@ def first_run(user_folder):
     return masks_in_a_process(*user_folder)
 
 
+def assert_same(run: dict, other: dict) -> None:
+    assert len(run["scores"]) == len(other["scores"]) == 7 * LAYERS  # every linear was scored
+    assert run["scores"] == other["scores"], "score matrices differ in their bits"
+    assert run["hash"] == other["hash"], f"linears whose mask differs: {differing(run, other)}"
+
+
 def test_two_processes_give_the_same_masks(user_folder, first_run):
-    second = masks_in_a_process(*user_folder)
-    assert second["hash"] == first_run["hash"], f"linears that differ: {differing(first_run, second)}"
+    assert_same(first_run, masks_in_a_process(*user_folder))
 
 
 def test_one_and_two_threads_give_the_same_masks(user_folder, first_run):
-    two = masks_in_a_process(*user_folder, threads=2)
-    assert two["hash"] == first_run["hash"], f"linears that differ: {differing(first_run, two)}"
+    assert_same(first_run, masks_in_a_process(*user_folder, threads=2))
 
 
 def test_the_oracle_in_its_own_process_gives_prunelabs_masks(user_folder, first_run):
-    oracle = masks_in_a_process(*user_folder, side="oracle")
-    assert oracle["hash"] == first_run["hash"], f"linears that differ: {differing(first_run, oracle)}"
+    assert_same(first_run, masks_in_a_process(*user_folder, side="oracle"))
     assert len(first_run["per_linear"]) == 7 * LAYERS

@@ -37,6 +37,33 @@ def nm_of(sparsity_type: str) -> tuple[int, int]:
     return (0, 0) if sparsity_type == "unstructured" else tuple(map(int, sparsity_type.split(":")))
 
 
+# ---- Wanda (locuslab/wanda, lib/prune.py prune_wanda / prune_sparsegpt / prune_magnitude)
+
+WANDA_FILES = ("lib/prune.py", "lib/layerwrapper.py", "lib/sparsegpt.py", "lib/ablate.py")
+
+
+def run_wanda(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
+    """`main.py --prune_method <wanda|sparsegpt|magnitude> <switches>` on `model` (its loops know
+    only `model.model.layers`, so any Llama-like model: Llama, Qwen2, Mistral)."""
+    args = types.SimpleNamespace(
+        model="smollm2-llama", seed=0, nsamples=token_ids.shape[0],
+        sparsity_ratio=float(switch(switches, "--sparsity_ratio", "0.5")),
+        sparsity_type=switch(switches, "--sparsity_type", "unstructured"),
+        prune_method=switch(switches, "--prune_method", "wanda"), use_variant="--use_variant" in switches.split())
+    n, m = nm_of(args.sparsity_type)
+    cpu = torch.device("cpu")
+    with tempfile.TemporaryDirectory() as folder:
+        official_copy(repo, WANDA_FILES, Path(folder))
+        with importable(Path(folder)), cpu_shims(model, token_ids):
+            from lib import prune  # noqa: PLC0415
+
+            pruner = {"wanda": prune.prune_wanda, "sparsegpt": prune.prune_sparsegpt,
+                      "magnitude": prune.prune_magnitude}[args.prune_method]
+            start = time.perf_counter()
+            pruner(args, model, tokenizer, cpu, prune_n=n, prune_m=m)
+            return time.perf_counter() - start
+
+
 # ---- RIA (biomedical-cybernetics/Relative-importance-and-activation-pruning, lib/prune.py prune_ria)
 
 RIA_FILES = ("lib/prune.py", "lib/layerwrapper.py", "lib/sparsegpt.py", "lib/quant.py")
@@ -190,4 +217,4 @@ def run_alps(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: st
 
 
 #: method -> its official runner
-RUNNERS = {"ria": run_ria, "dsnot": run_dsnot, "dlp": run_dlp, "alps": run_alps}
+RUNNERS = {"wanda": run_wanda, "ria": run_ria, "dsnot": run_dsnot, "dlp": run_dlp, "alps": run_alps}

@@ -7,7 +7,11 @@ The model comes from `AutoModelForCausalLM.from_pretrained(DIR)` with nothing se
 script loads it (its weights stay where transformers puts them, not realigned by a deep copy); the
 calibration token ids ([N, T]) come from a file, so that `--side oracle` imports nothing from
 prunelab (it checks). Prints one JSON line: the sha256 over every decoder linear's zero pattern in
-order, per-linear digests, the fraction pruned and the thread count used.
+order, per-linear digests, the digests of RIA's score matrices (prunelab's `ria_scores`, the
+oracle's `relative_importance_metric`; sorted, since the two visit a layer's linears in their own
+orders), the fraction pruned and the thread count used. Equal score digests mean equal scores to
+the last bit: a statistic or a sum taken in another order changes them even where no mask entry
+flips.
 """
 
 from __future__ import annotations
@@ -19,6 +23,15 @@ import sys
 from pathlib import Path
 
 import torch
+
+
+def recording(score_function, digests: list[str]):
+    """`score_function`, also appending a digest of each result's bits to `digests`."""
+    def scored(*args, **kwargs):
+        result = score_function(*args, **kwargs)
+        digests.append(hashlib.sha256(result.detach().float().numpy().tobytes()).hexdigest()[:16])
+        return result
+    return scored
 
 
 def mask_digests(model) -> dict[str, str]:
@@ -44,14 +57,20 @@ def main(argv=None) -> None:
     model = AutoModelForCausalLM.from_pretrained(args.folder)
     model.model.layers = torch.nn.ModuleList(list(model.model.layers)[:args.layers])
     model.config.num_hidden_layers = args.layers
+    scores: list[str] = []  # a digest of every score matrix, to the last bit, in the order computed
     if args.side == "prunelab":
         import prunelab
+        from prunelab.pruning import ria
 
+        ria.ria_scores = recording(ria.ria_scores, scores)
         prunelab.prune(model, tokenizer, method=args.method, calibration=token_ids, progress=False,
                        sparsity_type=args.sparsity_type)
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from oracles import ORACLES
+        from oracles import ria
+
+        ria.relative_importance_metric = recording(ria.relative_importance_metric, scores)
 
         nm = None if args.sparsity_type == "unstructured" else tuple(map(int, args.sparsity_type.split(":")))
         ORACLES[args.method](model, token_ids, sparsity=0.5, nm=nm)
@@ -62,7 +81,8 @@ def main(argv=None) -> None:
     whole = hashlib.sha256("".join(digests.values()).encode()).hexdigest()
     linears = [p for p in model.model.layers.parameters() if p.dim() == 2]
     pruned = sum(int((p == 0).sum()) for p in linears) / sum(p.numel() for p in linears)
-    print(json.dumps({"hash": whole, "per_linear": digests, "threads": torch.get_num_threads(), "pruned": pruned}))
+    print(json.dumps({"hash": whole, "per_linear": digests, "scores": sorted(scores),
+                      "threads": torch.get_num_threads(), "pruned": pruned}))
 
 
 if __name__ == "__main__":
