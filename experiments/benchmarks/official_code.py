@@ -6,7 +6,7 @@ imported there; what they need from a GPU machine and from transformers 4 is shi
 outside, never by editing them:
 - `lib.data.get_loaders` (which downloads C4) is a stub returning the given calibration token ids
   as `[(ids[i:i+1], None), ...]`;
-- `torch.cuda.empty_cache` is a no-op, `Tensor.cuda` the identity, and, with `cuda_to_cpu`,
+- `torch.cuda.empty_cache` and `torch.cuda.synchronize` are no-ops, `Tensor.cuda` the identity, and, with `cuda_to_cpu`,
   `Tensor.to` maps any CUDA device to the CPU (RIA's assignment runs on a hard-coded "cuda:7");
 - each decoder layer gets a forward pre-hook computing `position_embeddings` from the model's
   rotary embedding when absent (transformers 5 layers need it; the official loops pass
@@ -59,8 +59,8 @@ def cpu_shims(model, token_ids: torch.Tensor, cuda_to_cpu: bool = False) -> Iter
                for layer in model.model.layers]
     model.seqlen = token_ids.shape[1]
     model.hf_device_map = {}
-    saved = torch.cuda.empty_cache, torch.Tensor.cuda, torch.Tensor.to
-    move = saved[2]
+    saved = torch.cuda.empty_cache, torch.cuda.synchronize, torch.Tensor.cuda, torch.Tensor.to
+    move = saved[3]
 
     def to_cpu_instead(self, *args, **kwargs):
         args = tuple("cpu" if _is_cuda(a) else a for a in args)
@@ -69,13 +69,14 @@ def cpu_shims(model, token_ids: torch.Tensor, cuda_to_cpu: bool = False) -> Iter
         return move(self, *args, **kwargs)
 
     torch.cuda.empty_cache = lambda: None
+    torch.cuda.synchronize = lambda *a, **k: None  # SparseGPT's and ALPS's solvers call it
     torch.Tensor.cuda = lambda self, *a, **k: self
     if cuda_to_cpu:
         torch.Tensor.to = to_cpu_instead
     try:
         yield
     finally:
-        torch.cuda.empty_cache, torch.Tensor.cuda, torch.Tensor.to = saved
+        torch.cuda.empty_cache, torch.cuda.synchronize, torch.Tensor.cuda, torch.Tensor.to = saved
         for handle in handles:
             handle.remove()
         for name in [n for n in sys.modules if n == "lib" or n.startswith("lib.")]:

@@ -57,6 +57,8 @@ class Case:
 
 
 CASES = [
+    Case("locuslab_wanda_50", "wanda", "--prune_method wanda", {"method": "wanda"}),
+    Case("locuslab_sparsegpt_50", "wanda", "--prune_method sparsegpt", {"method": "sparsegpt"}, weights=True),
     Case("wanda_50", "dlp", "--prune_method wanda --sparsity_ratio 0.5", {"method": "wanda"}),
     Case("wanda_2of4", "dlp", "--prune_method wanda --sparsity_type 2:4", {"method": "wanda", "sparsity_type": "2:4"}),
     Case("ria_unstructured", "ria", "--sparsity_type unstructured", {"method": "ria"}),
@@ -85,6 +87,11 @@ BY_NAME = {case.name: case for case in CASES}
 MODES = {"inprocess": "one process, deep copies", "process-1t": "own processes, 1 thread",
          "process-2t": "own processes, 2 threads"}
 NSAMPLES, SEQLEN = 32, 256
+
+
+def at_most(case: Case, layers: int | None) -> Case:
+    """The case on at most `layers` decoder layers (None: as the case says)."""
+    return case if layers is None else replace(case, layers=min(layers, case.layers or layers))
 
 
 # ---- in the child processes (the official side imports no prunelab)
@@ -135,7 +142,7 @@ def run_prunelab_side(case: Case, model, tokenizer, token_ids: torch.Tensor) -> 
 def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     case, token_ids = BY_NAME[args.case], torch.load(args.ids)
-    case = replace(case, layers=args.layers) if args.layers else case
+    case = at_most(case, args.layers)
     model, tokenizer = load_plain(args.folder, case.layers)
     out: dict[str, Any] = {}
     if args.side == "official":
@@ -161,14 +168,17 @@ def child(args: argparse.Namespace) -> None:
 
 # ---- in the parent
 
-def user_folder(cache_dir: Path | None) -> tuple[Path, Path]:
-    """The save_pretrained folder of SmolLM2-135M that prunelab's `smollm2_135m` loads, and the
-    calibration ids (realtext, 32 x 256, seed 0) saved beside the results."""
+def user_folder(model: str, cache_dir: Path | None) -> tuple[Path, Path]:
+    """The save_pretrained folder that prunelab's `model=<model>` loads (for a GGUF model, the folder
+    it converts the file into once), and the calibration ids (realtext, 32 x 256, seed 0)."""
     sys.path.insert(0, str(HERE.parents[1] / "tests"))
-    from oracles.compare import load_smollm2, realtext_calibration  # noqa: PLC0415
+    from oracles.compare import SMOLLM2_CACHE, realtext_calibration  # noqa: PLC0415
 
-    loaded = load_smollm2(cache_dir) if cache_dir else load_smollm2()
-    ids = Path(tempfile.gettempdir()) / "prunelab_user_conditions_ids.pt"
+    from prunelab.cli import model_preset  # noqa: PLC0415
+    from prunelab.models import load_model  # noqa: PLC0415
+
+    loaded = load_model(model_preset(model, device="cpu"), cache_dir=cache_dir or SMOLLM2_CACHE)
+    ids = Path(tempfile.gettempdir()) / f"prunelab_user_conditions_{model}_ids.pt"
     torch.save(realtext_calibration(loaded.tokenizer, NSAMPLES, SEQLEN, seed=0), ids)
     return Path(loaded.source), ids
 
@@ -208,6 +218,12 @@ def compare(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> d
             "first_differing": ", ".join(list(differing)[:3])}
 
 
+def folder_label(folder: Path) -> str:
+    """The model's name as its config gives it (a converted GGUF folder is named by a hash)."""
+    config = json.loads((folder / "config.json").read_text())
+    return f"{config.get('model_type')} {config.get('num_hidden_layers')}L h{config.get('hidden_size')}"
+
+
 def measure(case: Case, mode: str, folder: Path, ids: Path, repo: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as workdir:
         if mode == "inprocess":
@@ -216,7 +232,7 @@ def measure(case: Case, mode: str, folder: Path, ids: Path, repo: Path) -> dict[
         else:
             official = spawn("official", case, mode, folder, ids, repo, Path(workdir))
             ours = spawn("prunelab", case, mode, folder, ids, repo, Path(workdir))
-    row = {"case": case.name, "method": case.method, "official": case.official,
+    row = {"model": folder_label(folder), "case": case.name, "method": case.method, "official": case.official,
            "prunelab": json.dumps(case.prunelab), "layers": case.layers or "all", "mode": mode,
            **compare(ours["prunelab"], official["official"]), "threads": ours["threads"],
            "seconds_official": official["official_seconds"], "seconds_prunelab": ours["prunelab_seconds"]}
@@ -242,13 +258,13 @@ def render(table, header: str) -> str:
 
     cells = table.assign(cell=[f"{r.linears_differing} / {r.linears} ({int(r.differing_entries):,})"
                                for r in table.itertuples()])
-    wide = cells.pivot_table(index=["case", "official", "prunelab", "layers"], columns="mode", values="cell",
+    wide = cells.pivot_table(index=["model", "case", "official", "prunelab", "layers"], columns="mode", values="cell",
                              aggfunc="first", sort=False).reset_index()
     wide.columns.name = None
     wide = wide.rename(columns=MODES)
-    dw = table.groupby("case", sort=False)["max_abs_dW"].max()
-    wide["max |dW|"] = [("" if pd.isna(dw.get(c)) else f"{dw[c]:.3g}") for c in wide["case"]]
-    order = ["case", "official", "prunelab", "layers", *[MODES[m] for m in MODES if MODES[m] in wide], "max |dW|"]
+    dw = table.groupby(["model", "case"], sort=False)["max_abs_dW"].max()
+    wide["max |dW|"] = [("" if pd.isna(dw.get((m, c))) else f"{dw[m, c]:.3g}") for m, c in zip(wide["model"], wide["case"])]
+    order = ["model", "case", "official", "prunelab", "layers", *[MODES[m] for m in MODES if MODES[m] in wide], "max |dW|"]
     return f"# {header}\n\n{wide[order].to_markdown(index=False, disable_numparse=True)}\n\n{NOTES}"
 
 
@@ -259,9 +275,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cases", default=",".join(BY_NAME), help="comma-separated case names")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument("--model", default="smollm2_135m", help="a prunelab model= option whose folder both sides load")
     parser.add_argument("--cache-dir", type=Path, default=None, help="prunelab's cache (the converted GGUF)")
     parser.add_argument("--layers", type=int, default=None,
-                        help="the first N decoder layers only, for every case (a quick check; not for the table)")
+                        help="at most the first N decoder layers in every case (ALPS keeps its 4)")
     parser.add_argument("--render-only", action="store_true")
     parser.add_argument("--child", choices=["official", "prunelab", "both"], help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
@@ -283,7 +300,7 @@ def main(argv=None) -> None:
     import pandas as pd
 
     csv = args.out / "official_user_conditions.csv"
-    header = ("prunelab against the official code as users run both: SmolLM2-135M from `from_pretrained`, "
+    header = ("prunelab against the official code as users run both: models from `from_pretrained`, "
               f"realtext calibration {NSAMPLES} x {SEQLEN} tokens (seed 0), fp32, CPU ({torch.backends.cpu.get_cpu_capability()}), "
               f"torch {torch.__version__}")
     if not args.render_only:
@@ -292,15 +309,16 @@ def main(argv=None) -> None:
         if unknown:
             raise SystemExit(f"unknown case(s) {unknown}; known: {', '.join(BY_NAME)}")
         args.out.mkdir(parents=True, exist_ok=True)
-        folder, ids = user_folder(args.cache_dir)
-        done = pd.read_csv(csv) if csv.exists() else pd.DataFrame(columns=["case", "mode"])
+        folder, ids = user_folder(args.model, args.cache_dir)
+        model = folder_label(folder)
+        done = pd.read_csv(csv) if csv.exists() else pd.DataFrame(columns=["model", "case", "mode"])
         for name in args.cases.split(","):
-            case = replace(BY_NAME[name], layers=args.layers) if args.layers else BY_NAME[name]
+            case = at_most(BY_NAME[name], args.layers)
             if case.method not in repos:
                 print(f"{name}: skipped (no --repo {case.method}=...)", flush=True)
                 continue
             for mode in args.modes.split(","):
-                if ((done["case"] == name) & (done["mode"] == mode)).any():
+                if ((done["model"] == model) & (done["case"] == name) & (done["mode"] == mode)).any():
                     continue
                 try:
                     row = measure(case, mode, folder, ids, Path(repos[case.method]))
