@@ -168,19 +168,23 @@ def child(args: argparse.Namespace) -> None:
 
 # ---- in the parent
 
-def user_folder(model: str, cache_dir: Path | None) -> tuple[Path, Path]:
+def user_folder(model: str, cache_dir: Path | None, folder: Path | None = None) -> tuple[Path, Path]:
     """The save_pretrained folder that prunelab's `model=<model>` loads (for a GGUF model, the folder
-    it converts the file into once), and the calibration ids (realtext, 32 x 256, seed 0)."""
+    it converts the file into once) or `folder` itself, and the calibration ids (realtext, 32 x 256,
+    seed 0, drawn with that folder's tokenizer)."""
     sys.path.insert(0, str(HERE.parents[1] / "tests"))
     from oracles.compare import SMOLLM2_CACHE, realtext_calibration  # noqa: PLC0415
 
-    from prunelab.cli import model_preset  # noqa: PLC0415
-    from prunelab.models import load_model  # noqa: PLC0415
+    if folder is None:
+        from prunelab.cli import model_preset  # noqa: PLC0415
+        from prunelab.models import load_model  # noqa: PLC0415
 
-    loaded = load_model(model_preset(model, device="cpu"), cache_dir=cache_dir or SMOLLM2_CACHE)
-    ids = Path(tempfile.gettempdir()) / f"prunelab_user_conditions_{model}_ids.pt"
-    torch.save(realtext_calibration(loaded.tokenizer, NSAMPLES, SEQLEN, seed=0), ids)
-    return Path(loaded.source), ids
+        folder = Path(load_model(model_preset(model, device="cpu"), cache_dir=cache_dir or SMOLLM2_CACHE).source)
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    ids = Path(tempfile.gettempdir()) / f"prunelab_user_conditions_{folder.name}_ids.pt"
+    torch.save(realtext_calibration(AutoTokenizer.from_pretrained(folder), NSAMPLES, SEQLEN, seed=0), ids)
+    return folder, ids
 
 
 def spawn(side: str, case: Case, mode: str, folder: Path, ids: Path, repo: Path, workdir: Path) -> dict:
@@ -276,6 +280,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     parser.add_argument("--model", default="smollm2_135m", help="a prunelab model= option whose folder both sides load")
+    parser.add_argument("--model-folder", type=Path, default=None, help="a save_pretrained folder instead of --model")
     parser.add_argument("--cache-dir", type=Path, default=None, help="prunelab's cache (the converted GGUF)")
     parser.add_argument("--layers", type=int, default=None,
                         help="at most the first N decoder layers in every case (ALPS keeps its 4)")
@@ -309,7 +314,7 @@ def main(argv=None) -> None:
         if unknown:
             raise SystemExit(f"unknown case(s) {unknown}; known: {', '.join(BY_NAME)}")
         args.out.mkdir(parents=True, exist_ok=True)
-        folder, ids = user_folder(args.model, args.cache_dir)
+        folder, ids = user_folder(args.model, args.cache_dir, args.model_folder)
         model = folder_label(folder)
         done = pd.read_csv(csv) if csv.exists() else pd.DataFrame(columns=["model", "case", "mode"])
         for name in args.cases.split(","):
