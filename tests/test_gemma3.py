@@ -189,3 +189,19 @@ def test_a_ratio_and_a_parameter_budget_together_are_one_line(tiny_model_dirs):
     model, tokenizer = plain(tiny_model_dirs)
     with pytest.raises(ConfigError, match=r"^pruning.ratio=0.3 and pruning.params_removed=0.2 both set"):
         prunelab.prune(model, tokenizer, method="flap", calibration=IDS, ratio=0.3, params_removed=0.2)
+
+
+def test_layer_by_layer_logits_follow_a_soft_capped_head(tiny_model_dirs):
+    from prunelab.calibration import LayerSequentialRunner, capture_layer_inputs
+
+    model = loaded(tiny_model_dirs)
+    model.config.final_logit_softcapping = 0.5  # Gemma configs may cap the logits: tanh(z / c) x c
+    inputs = capture_layer_inputs(model.adapter, IDS, batch_size=4)
+    runner = LayerSequentialRunner(model.adapter, inputs, progress=False)
+    for _ in runner:
+        pass
+    with torch.no_grad():
+        actual = model.adapter.logits_from_hidden(torch.cat(runner.outputs.hidden))
+    expected = logits(model.model)
+    assert expected.abs().max() <= 0.5
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)

@@ -100,7 +100,7 @@ def test_bad_settings_are_one_line_before_any_weight(tiny_model_dirs, options, m
 def test_unsupported_architecture_is_refused_before_any_weight(tiny_model_dirs, method):
     model, tokenizer = load(tiny_model_dirs, "gpt_neox")
     before = [p.clone() for p in model.parameters()]
-    with pytest.raises(UnsupportedModelError, match="supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedModelError, match="supported: gemma3_text, llama, mistral, qwen2, qwen3"):
         prunelab.prune(model, tokenizer, method=method, calibration=IDS, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 

@@ -268,9 +268,12 @@ class ModelAdapter:
                     layer.forward = previous
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm then lm_head: the part of the forward pass after the last decoder layer."""
+        """Final norm then lm_head: the part of the forward pass after the last decoder layer (and
+        the tanh soft-capping of the logits where the config asks for it, as Gemma's may)."""
         with self.outside_in_memory("head"):
-            return self.lm_head(self.final_norm(hidden))
+            logits = self.lm_head(self.final_norm(hidden))
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     @contextmanager
     def layers_replaced(self, layers: Sequence[nn.Module]) -> Iterator[None]:
