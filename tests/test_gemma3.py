@@ -205,3 +205,24 @@ def test_layer_by_layer_logits_follow_a_soft_capped_head(tiny_model_dirs):
     expected = logits(model.model)
     assert expected.abs().max() <= 0.5
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_swapped_layer_order_runs_each_layer_as_its_own_type(tiny_model_dirs):
+    """`layers_replaced` (probes, dense layers after depth pruning): the model hands masks and rotary
+    embeddings out by `config.layer_types`, which must follow the layers' own types."""
+    from prunelab.calibration import capture_layer_inputs
+
+    adapter = loaded(tiny_model_dirs).adapter
+    layers = list(adapter.layers)
+    order = [layers[1], layers[0], layers[2], layers[3]]  # global, sliding, sliding, global
+    inputs = capture_layer_inputs(adapter, IDS, batch_size=4)
+    with torch.no_grad():
+        hidden = inputs.hidden[0]
+        for layer in order:
+            hidden = adapter.call_layer(layer, hidden, inputs.kwargs[0])
+        expected = adapter.logits_from_hidden(hidden)
+        with adapter.layers_replaced(order):
+            assert adapter.config.layer_types == [FULL, SLIDING, SLIDING, FULL]
+            actual = logits(adapter.model)
+    assert adapter.config.layer_types == [SLIDING, FULL, SLIDING, FULL]
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
