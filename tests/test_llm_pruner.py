@@ -196,7 +196,7 @@ def test_bad_input_is_one_line_before_any_weight(tiny_model_dirs, options, messa
 def test_unsupported_architecture_is_refused_before_any_weight(tiny_model_dirs):
     model, tokenizer = load(tiny_model_dirs, "gpt_neox")
     before = [p.clone() for p in model.parameters()]
-    with pytest.raises(UnsupportedModelError, match="supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedModelError, match="supported: gemma3_text, llama, mistral, qwen2, qwen3"):
         prunelab.prune(model, tokenizer, method="llm_pruner", calibration=IDS, progress=False, **ALL_LAYERS)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 

@@ -76,7 +76,7 @@ class TestAdapterContract:
 
 
 def test_unsupported_model_type_lists_the_supported_ones():
-    with pytest.raises(UnsupportedModelError, match="supported: gpt_neox, llama, mistral, opt, qwen2, qwen3"):
+    with pytest.raises(UnsupportedModelError, match="supported: gemma3_text, gpt_neox, llama, mistral, opt, qwen2, qwen3"):
         architecture_for("bert")
 
 

@@ -100,7 +100,7 @@ def test_bad_settings_are_one_line_before_any_weight(tiny_model_dirs, options, m
 def test_unsupported_architecture_is_refused_before_any_weight(tiny_model_dirs, method):
     model, tokenizer = load(tiny_model_dirs, "gpt_neox")
     before = [p.clone() for p in model.parameters()]
-    with pytest.raises(UnsupportedModelError, match="supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedModelError, match="supported: gemma3_text, llama, mistral, qwen2, qwen3"):
         prunelab.prune(model, tokenizer, method=method, calibration=IDS, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
@@ -122,3 +122,35 @@ def test_streamed_runs_are_refused_in_one_line():
     setup = SimpleNamespace(pruning=WandaSP(), recovery=SimpleNamespace(name="none"))
     with pytest.raises(ConfigError, match="cannot yet run pruning=wanda_sp"):
         check_streamable(setup)
+
+
+@pytest.mark.parametrize("method,key,default", [("flap", "ratio", 0.2), ("wanda_sp", "ratio", 0.2),
+                                                ("llm_pruner", "ratio", 0.25), ("slicegpt", "sparsity", 0.25)])
+def test_a_null_ratio_keeps_the_signature_of_records_written_with_the_default(method, key, default):
+    """The YAML default became null (so that a ratio and a budget together can be refused): runs
+    keep the signatures of the records written when it was spelled out."""
+    import copy
+
+    from prunelab.config import compose_config, resolved
+    from prunelab.tracking.record import config_signature
+
+    new = resolved(compose_config([f"pruning={method}"]))
+    assert new["pruning"][key] is None
+    old = copy.deepcopy(new)
+    old["pruning"][key] = default
+    assert config_signature(new) == config_signature(old)
+    budget_new, budget_old = copy.deepcopy(new), copy.deepcopy(old)
+    budget_new["pruning"]["params_removed"] = budget_old["pruning"]["params_removed"] = 0.2
+    assert config_signature(budget_new) == config_signature(budget_old) != config_signature(new)
+    other = copy.deepcopy(new)
+    other["pruning"][key] = 0.3
+    assert config_signature(other) != config_signature(new)
+
+
+@pytest.mark.parametrize("method,key", [("flap", "ratio"), ("wanda_sp", "ratio"), ("magnitude_sp", "ratio"),
+                                        ("llm_pruner", "ratio"), ("slicegpt", "sparsity")])
+def test_an_amount_and_a_parameter_budget_together_are_one_line(tiny_model_dirs, method, key):
+    model, tokenizer = load(tiny_model_dirs)
+    with pytest.raises(ConfigError, match=rf"^pruning.{key}=0.3 and pruning.params_removed=0.2 both set the "
+                                          r"amount to prune: set one \(the other null\)$"):
+        prunelab.prune(model, tokenizer, method=method, calibration=IDS, params_removed=0.2, **{key: 0.3})

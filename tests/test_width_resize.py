@@ -115,7 +115,7 @@ def test_removing_every_head_or_an_unsupported_architecture_is_one_line(tiny_mod
         resize_layer(adapter, 0, kv_heads=[])
     assert all(torch.equal(a, b) for a, b in zip(before, adapter.layers[0].parameters()))
     _, neox = load(tiny_model_dirs, "gpt_neox")
-    with pytest.raises(UnsupportedModelError, match="supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedModelError, match="supported: gemma3_text, llama, mistral, qwen2, qwen3"):
         resize_layer(neox, 0, channels=[0])
 
 

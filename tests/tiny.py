@@ -16,7 +16,8 @@ VOCAB = 320
 
 def tiny_config(arch: str):
     """A 4-layer random model config of the given architecture, fast on CPU."""
-    from transformers import GPTNeoXConfig, LlamaConfig, MistralConfig, OPTConfig, Qwen2Config, Qwen3Config
+    from transformers import (Gemma3TextConfig, GPTNeoXConfig, LlamaConfig, MistralConfig, OPTConfig, Qwen2Config,
+                              Qwen3Config)
 
     common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                   num_attention_heads=4, max_position_embeddings=128)
@@ -33,10 +34,17 @@ def tiny_config(arch: str):
     if arch == "opt":
         return OPTConfig(vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=4,
                          num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=32)
+    if arch == "gemma3_text":  # sliding-window and global layers mixed; the window shorter than test sequences
+        return Gemma3TextConfig(num_key_value_heads=2, head_dim=8, sliding_window=6, query_pre_attn_scalar=8,
+                                layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                             "full_attention"],
+                                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                                **common)
     raise ValueError(arch)
 
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox", "opt")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox", "opt", "gemma3_text")
 
 
 def train_tokenizer(directory: Path):
@@ -60,6 +68,11 @@ def make_tiny_model(arch: str, directory: Path, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(arch))
+    if arch == "gemma3_text":  # its norms start at weight 0 (a gain of 1 + 0): make (1 + weight) matter
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    parameter.copy_(0.3 * torch.randn_like(parameter))
     model.save_pretrained(directory, safe_serialization=True)
     train_tokenizer(directory)
     return directory

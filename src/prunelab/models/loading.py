@@ -157,8 +157,9 @@ def load_model(spec: ModelSpec, cache_dir: str | Path | None = None,
     if spec.gguf_file:
         from prunelab.models import gguf
 
-        gguf_path = gguf.locate(spec.name_or_path, spec.gguf_file, spec.revision)
-        source, revision = str(gguf.converted_folder(gguf_path, Path(cache_dir or default_cache_dir()))), None
+        cache = Path(cache_dir or default_cache_dir())
+        gguf_path = gguf.locate(spec.name_or_path, spec.gguf_file, spec.revision, cache)
+        source, revision = str(gguf.converted_folder(gguf_path, cache)), None
     else:
         source, revision = spec.resolved_source()
     hub_kwargs = dict(revision=revision, trust_remote_code=spec.trust_remote_code)

@@ -17,7 +17,8 @@ Deleting Rows and Columns", ICLR 2024 (microsoft/TransformerCompression, `layern
   Q_l^T Q_{l+1} (plain addition while a shortcut is None);
 - `rotate_*` / `slice_*`: W Q on input columns, Q^T W on output rows (and biases), in float64 then
   cast back; slicing keeps the first columns / rows.
-The Llama-like architectures (`Architecture.width_resizable`) are supported; the head is never
+The Llama-like architectures (`Architecture.width_resizable`) are supported, except Gemma 3 (its
+post-norms sit between o_proj / down_proj and the residual, so the rotation cannot be fused there); the head is never
 sliced (the reference's default), so the last layer's MLP writes the full hidden size.
 
 A sliced model is described on its config, so that a checkpoint saved with `save_pretrained`
@@ -36,7 +37,8 @@ from torch import nn
 
 from prunelab.errors import ConfigError, UnsupportedModelError
 from prunelab.models.adapter import ModelAdapter
-from prunelab.models.width import supported_architectures
+from prunelab.models.architectures import ARCHITECTURES
+from prunelab.models.width import model_name, supported_architectures
 
 SLICING_KEY = "prunelab_slicing"
 NORM_EPS = 1e-5  # the reference's RMSN constant (not the config's rms_norm_eps)
@@ -81,11 +83,25 @@ class _ShortcutForward:
 _CLASSES: dict[type, type] = {}
 
 
-def check_sliceable(adapter: ModelAdapter) -> None:
+def sliceable_architectures() -> list[str]:
+    """Llama-like layers whose residual stream is written by o_proj / down_proj directly and whose
+    norms scale by their weight (so it can be fused into the next linears)."""
+    return [name for name in supported_architectures()
+            if not (ARCHITECTURES[name].attn_post_norm or ARCHITECTURES[name].mlp_post_norm
+                    or ARCHITECTURES[name].norm_offset)]
+
+
+def check_sliceable(adapter: ModelAdapter, name: str | None = None) -> None:
     """One line when SliceGPT cannot rewrite this model (before any weight is touched)."""
-    if not adapter.arch.width_resizable or adapter.parallel_residual:
-        raise UnsupportedModelError(f"SliceGPT cannot rewrite {adapter.arch.name} layers here; supported: "
-                                    f"{', '.join(supported_architectures())}")
+    arch = adapter.arch
+    if arch.attn_post_norm or arch.mlp_post_norm:
+        raise UnsupportedModelError(
+            f"slicegpt cannot prune {model_name(adapter, name)}: its post-norms between o_proj/down_proj and "
+            f"the residual stream block the rotation of the residual (Q^T cannot be fused into o_proj and "
+            f"down_proj through a norm); supported: {', '.join(sliceable_architectures())}")
+    if not arch.width_resizable or adapter.parallel_residual or arch.norm_offset:
+        raise UnsupportedModelError(f"SliceGPT cannot rewrite {arch.name} layers here; supported: "
+                                    f"{', '.join(sliceable_architectures())}")
     if adapter.streamed:
         raise ConfigError("SliceGPT rewrites every layer and the embeddings, which a streamed model "
                           "(model.streaming) cannot write back yet: use model.streaming=false")

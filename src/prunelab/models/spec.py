@@ -36,7 +36,8 @@ class ModelSpec:
         trust_remote_code: off unless the user asks for it.
         tokenizer: optional tokenizer source when it differs from the model's.
         gguf_file: a GGUF checkpoint to read (a file name inside `name_or_path`, which may then be
-            ``pkg:<package>``, a local folder or a hub repository; or a path to the file). It is
+            ``pkg:<package>``, ``installed:<name>`` (the GGUF files `prunelab install-data --models`
+            puts in the cache), a local folder or a hub repository; or a path to the file). It is
             dequantized and converted once into a Hugging Face folder in the cache
             (`prunelab.models.gguf`), then loaded from there like any other model.
         streaming: false (the whole model in memory) | true | auto. Streamed, the decoder layers
@@ -70,6 +71,9 @@ class ModelSpec:
             raise ConfigError(f"model.device={self.device!r}: use auto, cpu, cuda or cuda:N")
         if self.name_or_path.startswith("pkg:") and not self.gguf_file:
             raise ConfigError("model.name_or_path=pkg:<package> names a GGUF's folder: set model.gguf_file")
+        if self.name_or_path.startswith("installed:") and not self.gguf_file:
+            raise ConfigError("model.name_or_path=installed:<name> names a GGUF installed by "
+                              "`prunelab install-data --models`: set model.gguf_file")
         if self.is_local_path and not Path(self.name_or_path).expanduser().exists():
             raise ConfigError(f"model path does not exist: {self.name_or_path}")
         if self.is_shipped and not (SHIPPED_ROOT / self.name_or_path).exists():

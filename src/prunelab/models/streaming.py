@@ -336,6 +336,15 @@ def rebuild_rotary(model: nn.Module, arch: Architecture, device: torch.device) -
     setattr(model.get_submodule(parent_path), attr, rebuilt.to(device))
 
 
+def rebuild_embedding_scale(model: nn.Module, arch: Architecture, device: torch.device) -> None:
+    """A scaled embedding's factor (Gemma: sqrt(hidden size)), a buffer computed at construction and
+    not stored: on a skeleton built on meta it is restored from the module's float copy."""
+    if not arch.scaled_embeddings:
+        return
+    embeddings = model.get_input_embeddings()
+    embeddings.embed_scale = torch.tensor(float(embeddings.scalar_embed_scale), device=device)
+
+
 def streamed_outside_paths(model: nn.Module, arch: Architecture) -> list[str]:
     """Paths of the input embeddings and of the head when it is not tied to them: streamed like
     layers. A tied head shares its weight with the embeddings, and both stay in memory."""
@@ -373,6 +382,7 @@ def streamed_skeleton(source: str | Path, config, dtype: torch.dtype, device: to
     with torch.device("meta"):  # nothing allocated (accelerate's init_empty_weights allocates each
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # weight, then moves it)
     rebuild_rotary(model, arch, device)
+    rebuild_embedding_scale(model, arch, device)
     tensors = model_named(checkpoint_tensors(source), model, source)
     prefix = arch.layers + "."
     expected = {name for name, _ in model.named_parameters(remove_duplicate=False)}

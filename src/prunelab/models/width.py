@@ -2,13 +2,16 @@
 
 The Linear modules are cut, not masked, so the model is smaller and faster. Units, on the
 architectures with separate q/k/v and gate/up/down projections (`Architecture.width_resizable`:
-llama, mistral, qwen2, qwen3):
+llama, mistral, qwen2, qwen3, gemma3_text; Gemma 3's q/k norms act per head on head_dim, which never
+changes, and a compensation bias on o_proj / down_proj sits before its post-norms, on the output it
+compensates):
 - an attention unit is a key/value head with all the query heads that read it (under grouped-query
   attention a query head cannot leave its group; on a multi-head model the unit is one head): its
   rows of q_proj, k_proj, v_proj (and their biases) and its columns of o_proj;
 - an MLP unit is a channel: its rows of gate_proj and up_proj and its column of down_proj.
 A compensation bias (FLAP's) can be added to o_proj and down_proj. A layer may not lose every head
-or every channel (transformers cannot run an attention with no head).
+or every channel (transformers cannot run an attention with no head); a model with a single
+key/value head per layer (Gemma-3-270M) is refused by the methods (`check_width_prunable`).
 
 transformers 5's Llama-like attention reads the number of heads from the projections' shapes
 (`view(..., -1, head_dim)`) and repeats key/value heads `num_key_value_groups` times: cutting whole
@@ -71,6 +74,24 @@ def check_resizable(adapter: ModelAdapter) -> None:
     if adapter.streamed:
         raise ConfigError("width pruning resizes layers, which a streamed model (model.streaming) "
                           "cannot write back yet: use model.streaming=false")
+
+
+def model_name(adapter: ModelAdapter, name: str | None = None) -> str:
+    """How a refusal names the model: the run's label when given, with the architecture."""
+    return f"{name} ({adapter.arch.name})" if name and name != adapter.arch.name else adapter.arch.name
+
+
+def check_width_prunable(adapter: ModelAdapter, method: str = "width pruning", name: str | None = None) -> None:
+    """`check_resizable`, and one line when a layer has a single key/value head: the smallest
+    attention unit is a key/value head with its query heads and a layer must keep one, so
+    attention could not be pruned at all and a width budget would silently fall on the MLP alone
+    (Gemma-3-270M: 4 query heads share 1 key/value head)."""
+    check_resizable(adapter)
+    kv_heads = min(layer_width(adapter, layer).num_kv_heads for layer in adapter.layers)
+    if kv_heads == 1:
+        raise UnsupportedModelError(
+            f"{method} cannot prune {model_name(adapter, name)}: its layers have a single key/value head "
+            f"(the smallest attention unit, and a layer must keep one), so no attention head can be removed")
 
 
 def _parts(adapter: ModelAdapter, layer: nn.Module) -> tuple[nn.Module, list[nn.Linear], nn.Linear,

@@ -12,6 +12,11 @@
   statistics (Wanda-sp and magnitude-sp only plan the per-layer counts: their scores depend on the
   pruned earlier layers); `prune` cuts heads and channels out of the modules.
 
+A method that cannot prune some models (SliceGPT: post-norms; width pruning: a single key/value
+head per layer) also has `check_model(adapter, name=None)`, raising the one-line
+`UnsupportedModelError`: the pipeline (and `prunelab.prune`) calls it right after the model is
+loaded, before the dense evaluation or any calibration pass.
+
 The context read and the report returned are `prunelab.context.PruneContext` and `PruneReport`.
 """
 

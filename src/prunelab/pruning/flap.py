@@ -42,7 +42,8 @@ from prunelab.calibration.passes import dense_role_statistics
 from prunelab.calibration.statistics import BaselineFluctuation
 from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError, check_choice
-from prunelab.models.width import layer_width, resize_layer
+from prunelab.models.adapter import ModelAdapter
+from prunelab.models.width import check_width_prunable, layer_width, resize_layer
 from prunelab.pruning.parameter_budget import parameters_to_remove
 from prunelab.pruning.width import WidthAccount, check_width_settings, unit_costs
 from prunelab.scoring.width import (FLAP_METRICS, REFERENCE_HEAD_COST, adaptive_keep, adaptive_unit_scores,
@@ -69,9 +70,9 @@ class FLAP:
     changes_shapes = True  # the efficiency evaluator measures it by default (evaluation.efficiency)
     streamable = False
 
-    def __init__(self, ratio: float = 0.2, params_removed: float | None = None, metric: str = "WIFV",
+    def __init__(self, ratio: float | None = None, params_removed: float | None = None, metric: str = "WIFV",
                  structure: str = "AL-AM", bias: bool = True, bias_mean: str = "float16"):
-        check_width_settings(ratio, params_removed)
+        ratio = check_width_settings(ratio, params_removed)  # None: the reference's 0.2
         check_choice("pruning.metric", metric, FLAP_METRICS)
         check_choice("pruning.structure", structure, STRUCTURES)
         check_choice("pruning.bias_mean", bias_mean, BIAS_MEANS)
@@ -80,6 +81,10 @@ class FLAP:
         self.ratio, self.params_removed, self.metric = ratio, params_removed, metric
         self.structure, self.bias, self.bias_mean = structure, bias, bias_mean
 
+    def check_model(self, adapter: ModelAdapter, name: str | None = None) -> None:
+        """Refuse a model this method cannot prune, before any work (`check_width_prunable`)."""
+        check_width_prunable(adapter, self.name, name)
+
     def labels(self) -> dict[str, Any]:
         return {"method": self.name, "ratio": None if self.params_removed else self.ratio,
                 "params_removed": self.params_removed, "metric": self.metric, "structure": self.structure}
@@ -87,7 +92,7 @@ class FLAP:
     @torch.no_grad()
     def score(self, ctx: PruneContext) -> FlapScores:
         adapter = ctx.loaded.adapter
-        account = WidthAccount(adapter, self.params_removed)  # an unsupported model fails here
+        account = WidthAccount(adapter, self.params_removed, self.name)  # an unsupported model fails here
         kind = "squared_norm" if self.metric == "WIFN" else "fluctuation"
         stats = dense_role_statistics(adapter, ctx.calibration(), partial(BaselineFluctuation, kind=kind),
                                       ctx.batch_size, ctx.progress, "flap statistics", roles=ROLES)

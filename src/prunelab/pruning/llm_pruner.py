@@ -59,9 +59,9 @@ from prunelab.calibration.hidden_states import progress_bar
 from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError, check_choice
 from prunelab.models.adapter import ModelAdapter
-from prunelab.models.width import layer_width, resize_layer
+from prunelab.models.width import check_width_prunable, layer_width, resize_layer
 from prunelab.pruning.parameter_budget import check_fraction, uniform_counts
-from prunelab.pruning.width import WidthAccount, unit_costs
+from prunelab.pruning.width import WidthAccount, check_width_settings, unit_costs
 from prunelab.scoring.width import (GROUP_REDUCTIONS, TAYLOR_ORDERS, channel_importance, consecutive_sum,
                                     fold_query_heads, lowest, magnitude_importance, reduce_group,
                                     reference_pruned_channels, taylor_salience)
@@ -124,13 +124,10 @@ class LLMPruner:
     offloadable = False  # back-propagates through the whole model
     layer_gradients = True  # back-propagates: its graph and gradient sums are planned (models.memory)
 
-    def __init__(self, ratio: float = 0.25, params_removed: float | None = None, importance: str = "taylor",
+    def __init__(self, ratio: float | None = None, params_removed: float | None = None, importance: str = "taylor",
                  taylor: str = "param_first", grouping_strategy: str = "sum", layer_start: int = 4,
                  layer_end: int | None = -2):
-        check_fraction(params_removed)
-        if params_removed is None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
-                                       or not 0 < ratio < 1):
-            raise ConfigError(f"pruning.ratio must be in (0, 1), not {ratio!r}")
+        ratio = check_width_settings(ratio, params_removed, default=0.25)  # None: the README's 0.25
         check_choice("pruning.importance", importance, IMPORTANCES)
         check_choice("pruning.taylor", taylor, TAYLOR_ORDERS)
         check_choice("pruning.grouping_strategy", grouping_strategy, GROUP_REDUCTIONS)
@@ -141,6 +138,10 @@ class LLMPruner:
         self.ratio, self.params_removed, self.importance = ratio, params_removed, importance
         self.taylor, self.grouping_strategy = taylor, grouping_strategy
         self.layer_start, self.layer_end = layer_start, layer_end
+
+    def check_model(self, adapter: ModelAdapter, name: str | None = None) -> None:
+        """Refuse a model this method cannot prune, before any work (`check_width_prunable`)."""
+        check_width_prunable(adapter, self.name, name)
 
     def labels(self) -> dict[str, Any]:
         importance = f"taylor:{self.taylor}" if self.importance == "taylor" else self.importance
@@ -167,7 +168,7 @@ class LLMPruner:
 
     def score(self, ctx: PruneContext) -> LLMPrunerPlan:
         adapter = ctx.loaded.adapter
-        account = WidthAccount(adapter, self.params_removed)  # an unsupported model fails here
+        account = WidthAccount(adapter, self.params_removed, self.name)  # an unsupported model fails here
         layers = layer_range(self.layer_start, self.layer_end, adapter.num_layers)
         counts = self.counts(account, layers)
         if self.importance == "taylor":

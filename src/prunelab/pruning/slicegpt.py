@@ -47,6 +47,7 @@ from prunelab.calibration.runner import LayerInputs, capture_layer_inputs
 from prunelab.calibration.slicing import layer_signals
 from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError, check_choice
+from prunelab.models.adapter import ModelAdapter
 from prunelab.models.slicing import (attention_inputs, check_sliceable, fuse_norms, mlp_inputs, record_slicing,
                                      rotate_and_slice_embeddings, rotate_inputs, rotate_output, set_shortcut,
                                      shortcut_layer, slice_inputs, slice_output, slicing_parameter_change)
@@ -63,9 +64,14 @@ class SliceGPT:
     changes_shapes = True  # the efficiency evaluator measures it by default (evaluation.efficiency)
     streamable = False
 
-    def __init__(self, sparsity: float = 0.25, params_removed: float | None = None, round_interval: int = 8,
+    def __init__(self, sparsity: float | None = None, params_removed: float | None = None, round_interval: int = 8,
                  final_orientation: str = "random", calibration_batch_size: int | None = 16):
         check_fraction(params_removed)
+        if params_removed is not None and sparsity is not None:
+            raise ConfigError(f"pruning.sparsity={sparsity!r} and pruning.params_removed={params_removed!r} both set "
+                              f"the amount to prune: set one (the other null)")
+        if params_removed is None:
+            sparsity = 0.25 if sparsity is None else sparsity  # the reference's default
         if params_removed is None and (isinstance(sparsity, bool) or not isinstance(sparsity, (int, float))
                                        or not 0 < sparsity < 1):
             raise ConfigError(f"pruning.sparsity is the fraction of the hidden dimension sliced, in (0, 1), "
@@ -81,6 +87,10 @@ class SliceGPT:
         self.calibration_batch_size = calibration_batch_size
         self.sparsity = None if params_removed is not None else float(sparsity)
         self.params_removed, self.round_interval, self.final_orientation = params_removed, round_interval, final_orientation
+
+    def check_model(self, adapter: ModelAdapter, name: str | None = None) -> None:
+        """Refuse a model SliceGPT cannot rewrite, before any work (`models.slicing.check_sliceable`)."""
+        check_sliceable(adapter, name)
 
     def labels(self) -> dict[str, Any]:
         return {"method": self.name, "sparsity": self.sparsity, "params_removed": self.params_removed,

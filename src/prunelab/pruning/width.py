@@ -17,7 +17,7 @@ import torch
 from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models.adapter import ModelAdapter
-from prunelab.models.width import check_resizable, layer_width, resize_layer
+from prunelab.models.width import check_width_prunable, layer_width, resize_layer
 from prunelab.pruning.parameter_budget import TOLERANCE, check_fraction, removed_fraction, uniform_counts
 from prunelab.pruning.report import layer_parameters, parameter_counts
 from prunelab.scoring.width import per_unit, uniform_keep
@@ -25,12 +25,21 @@ from prunelab.scoring.width import per_unit, uniform_keep
 log = logging.getLogger(__name__)
 
 
-def check_width_settings(ratio: float, params_removed: float | None) -> None:
-    """The references' ratio in [0, 1) (unless a parameter budget replaces it), a budget in (0, 1)."""
+def check_width_settings(ratio: float | None, params_removed: float | None, default: float = 0.2,
+                         key: str = "pruning.ratio") -> float | None:
+    """The ratio the method uses: the references' `ratio` in (0, 1) (`default` when None), or None
+    when a parameter budget `params_removed` in (0, 1) replaces it. Both given is one line (the
+    budget used to win silently); a ratio left at None means "the reference's default"."""
     check_fraction(params_removed)
-    if params_removed is None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
-                                   or not 0 < ratio < 1):
-        raise ConfigError(f"pruning.ratio must be in (0, 1), not {ratio!r}")
+    if params_removed is not None:
+        if ratio is not None:
+            raise ConfigError(f"{key}={ratio!r} and pruning.params_removed={params_removed!r} both set the amount "
+                              f"to prune: set one (the other null)")
+        return None
+    ratio = default if ratio is None else ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio < 1:
+        raise ConfigError(f"{key} must be in (0, 1), not {ratio!r}")
+    return ratio
 
 
 def unit_costs(adapter: ModelAdapter, bias: bool = False) -> tuple[int, int]:
@@ -51,8 +60,8 @@ def unit_costs(adapter: ModelAdapter, bias: bool = False) -> tuple[int, int]:
 class WidthAccount:
     """Parameters of the model before pruning, and the record once it is pruned."""
 
-    def __init__(self, adapter: ModelAdapter, params_removed: float | None):
-        check_resizable(adapter)
+    def __init__(self, adapter: ModelAdapter, params_removed: float | None, method: str = "width pruning"):
+        check_width_prunable(adapter, method)
         self.adapter = adapter
         self.target = params_removed
         self.dense_total = parameter_counts(adapter)["total"]
@@ -118,16 +127,20 @@ class UniformWidthPruning:
     changes_shapes = True  # the efficiency evaluator measures it by default (evaluation.efficiency)
     streamable = False
 
-    def __init__(self, ratio: float = 0.2, params_removed: float | None = None):
-        check_width_settings(ratio, params_removed)
-        self.ratio, self.params_removed = ratio, params_removed
+    def __init__(self, ratio: float | None = None, params_removed: float | None = None):
+        self.ratio = check_width_settings(ratio, params_removed)  # None (the reference's 0.2) or a budget
+        self.params_removed = params_removed
 
     def labels(self) -> dict[str, Any]:
         return {"method": self.name, "ratio": None if self.params_removed else self.ratio,
                 "params_removed": self.params_removed}
 
+    def check_model(self, adapter: ModelAdapter, name: str | None = None) -> None:
+        """Refuse a model these methods cannot prune, before any work (`check_width_prunable`)."""
+        check_width_prunable(adapter, self.name, name)
+
     def score(self, ctx: PruneContext) -> tuple[WidthAccount, tuple[int, int]]:
         """The plan; the scores themselves are computed per layer in `prune` (Wanda-sp's depend on
         the already-pruned earlier layers)."""
-        account = WidthAccount(ctx.loaded.adapter, self.params_removed)  # an unsupported model fails here
+        account = WidthAccount(ctx.loaded.adapter, self.params_removed, self.name)  # an unsupported model fails here
         return account, account.uniform_counts(self.ratio)

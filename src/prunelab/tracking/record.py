@@ -33,6 +33,16 @@ NON_SIGNATURE_FIELDS = (("model", "streaming"), ("model", "max_memory"), ("model
 #: and resumes from, the earlier records); any other value is part of the signature.
 NEUTRAL_FIELDS = {("pruning", "params_removed"): None}
 
+#: Keys whose YAML default became null ("the method's default, unless params_removed replaces
+#: it", so that setting both is an error) after records were written with the default spelled out:
+#: in the signature null counts as that default, so earlier records still pair with new runs.
+DEFAULTED_FIELDS = {
+    ("pruning", "ratio"): {"prunelab.pruning.flap.FLAP": 0.2, "prunelab.pruning.wanda_sp.WandaSP": 0.2,
+                           "prunelab.pruning.magnitude_sp.MagnitudeSP": 0.2,
+                           "prunelab.pruning.llm_pruner.LLMPruner": 0.25},
+    ("pruning", "sparsity"): {"prunelab.pruning.slicegpt.SliceGPT": 0.25},
+}
+
 
 def config_signature(config: dict[str, Any]) -> str:
     """16-hex hash of the resolved config without seed, paths, tracking and runtime settings."""
@@ -40,6 +50,10 @@ def config_signature(config: dict[str, Any]) -> str:
     for group, field in NON_SIGNATURE_FIELDS:
         if isinstance(kept.get(group), dict) and field in kept[group]:
             kept[group] = {k: v for k, v in kept[group].items() if k != field}
+    for (group, field), defaults in DEFAULTED_FIELDS.items():
+        section = kept.get(group)
+        if isinstance(section, dict) and section.get(field, 0) is None and section.get("_target_") in defaults:
+            kept[group] = {**section, field: defaults[section["_target_"]]}
     for (group, field), neutral in NEUTRAL_FIELDS.items():
         if isinstance(kept.get(group), dict) and field in kept[group] and kept[group][field] == neutral:
             kept[group] = {k: v for k, v in kept[group].items() if k != field}
