@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prunelab.errors import ConfigError
+from prunelab.errors import ConfigError, check_choice
 from prunelab.evaluation import benchmark_tasks
 from prunelab.evaluation.metrics import Metric
 from prunelab.models.offload import forward_model
@@ -32,6 +32,7 @@ from prunelab.models.offload import forward_model
 log = logging.getLogger(__name__)
 
 METRICS = ("acc", "acc_norm")
+SCORERS = ("lm_eval", "shared_context")
 HUB_TASKS = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
 HUB_ONLY_TASKS = ("race",)  # lm-eval tasks with no offline copy: they need the Hugging Face hub
 
@@ -46,6 +47,9 @@ class ZeroShotSpec:
     items: number of items generated per local task.
     subset, subset_seed: items per standard task (a seeded draw, the same every run; None = the
         full split) and the draw's seed.
+    scorer: `lm_eval` (HFLM, every context+choice its own sequence) or `shared_context` (each shared
+        context computed once and every choice continued from its KV cache: evaluation/shared_context.py;
+        the same numbers up to float rounding).
     """
 
     tasks: tuple[str, ...] = HUB_TASKS
@@ -57,6 +61,7 @@ class ZeroShotSpec:
     items: int = 500
     subset: int | None = None
     subset_seed: int = 0
+    scorer: str = "lm_eval"
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -74,6 +79,7 @@ class ZeroShotSpec:
             if unknown:
                 raise ConfigError(f"unknown local tasks {unknown}; available: {', '.join(available)}")
         benchmark_tasks.check_task_names([t for t in self.tasks if not is_local_task(t)], HUB_ONLY_TASKS)
+        check_choice("evaluation.zeroshot.scorer", self.scorer, SCORERS)
         if self.subset is not None and self.subset < 1:
             raise ConfigError(f"evaluation.zeroshot.subset must be a positive number of items or null, not {self.subset}")
         if self.num_fewshot and any(t in benchmark_tasks.TASKS for t in self.tasks):
@@ -245,7 +251,10 @@ class ZeroShotEvaluator:
         needs_hub = any(t in HUB_ONLY_TASKS for t in self.spec.tasks)
         manager = TaskManager(include_defaults=needs_hub)  # the built-in index costs ~11 s: only for hub tasks
         with forward_model(model) as runnable, _lm_eval_progress(self.progress):  # streamed: offloaded
-            lm = HFLM(pretrained=runnable, tokenizer=tokenizer, batch_size=self.spec.batch_size)
+            scorer = HFLM
+            if self.spec.scorer == "shared_context":
+                from prunelab.evaluation.shared_context import SharedContextLM as scorer
+            lm = scorer(pretrained=runnable, tokenizer=tokenizer, batch_size=self.spec.batch_size)
             out = simple_evaluate(model=lm, tasks=tasks, num_fewshot=self.spec.num_fewshot,
                                   limit=self.spec.limit, task_manager=manager, log_samples=True,
                                   verbosity="WARNING")
@@ -254,7 +263,7 @@ class ZeroShotEvaluator:
             metric = self.spec.metric_for(task)
             samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
             correct = [float(s[metric]) for s in samples]
-            protocol = {**self._stamp(task), "n": len(correct)}
+            protocol = {**self._stamp(task), "n": len(correct), "scorer": self.spec.scorer}
             config = benches[task].config if task in benches else None
             margins = [_margin(s, config) for s in samples]
             per_item = {"unit": "item", "values": correct, "margins": margins,
