@@ -104,26 +104,30 @@ def _reference_samples(model, tokenizer, built: dict, monkeypatch) -> dict:
 
 
 def test_project_scores_equal_lm_eval_unmodified_tasks_item_by_item(bench_cache, testbed, monkeypatch):
+    """Both project scorers (HFLM, and the shared-context one, whose log-likelihoods may differ in
+    float rounding only) grade every item as lm-eval's registered task does on the same docs."""
     n, tasks = 24, (*HUB_TASKS, "piqa", "copa")
-    spec = ZeroShotSpec(tasks=tasks, subset=n, subset_seed=3, batch_size=8, cache_dir=str(bench_cache))
-    metrics = spec.build(progress=False).evaluate(testbed.model, testbed.tokenizer)
     built = {t: benchmark_tasks.build(t, bench_cache, n, 3) for t in tasks}
     reference = _reference_samples(testbed.model, testbed.tokenizer, built, monkeypatch)
-    for task in tasks:
-        got = metrics[f"zeroshot/{task}/acc"]
-        want = reference[task]
-        assert len(want) == n and got.protocol["n"] == n
-        assert got.samples["ids"] == built[task].item_ids
-        assert got.protocol["item_ids_sha256"] == benchmark_tasks.ids_hash(built[task].item_ids)
-        for metric, values in got.samples["per_metric"].items():
-            assert values == [float(s[metric]) for s in want], (task, metric)
-        assert got.value == pytest.approx(sum(float(s["acc"]) for s in want) / n)
-        margins = [_margin(s, built[task].config) for s in want]  # log p(right) - best wrong, lm-eval's numbers
-        assert got.samples["margins"] == pytest.approx(margins, abs=1e-6), task
-        assert got.protocol["task_version"] == str(benchmark_tasks.lm_eval_config(task)["metadata"]["version"])
-    hellaswag = metrics["zeroshot/hellaswag/acc"]
-    assert set(hellaswag.samples["per_metric"]) == {"acc", "acc_norm"}
-    assert set(metrics["zeroshot/boolq/acc"].samples["per_metric"]) == {"acc"}
+    for scorer, tolerance in (("lm_eval", 1e-6), ("shared_context", 1e-3)):
+        spec = ZeroShotSpec(tasks=tasks, subset=n, subset_seed=3, batch_size=8, scorer=scorer,
+                            cache_dir=str(bench_cache))
+        metrics = spec.build(progress=False).evaluate(testbed.model, testbed.tokenizer)
+        for task in tasks:
+            got = metrics[f"zeroshot/{task}/acc"]
+            want = reference[task]
+            assert len(want) == n and got.protocol["n"] == n
+            assert got.samples["ids"] == built[task].item_ids
+            assert got.protocol["item_ids_sha256"] == benchmark_tasks.ids_hash(built[task].item_ids)
+            for metric, values in got.samples["per_metric"].items():
+                assert values == [float(s[metric]) for s in want], (scorer, task, metric)
+            assert got.value == pytest.approx(sum(float(s["acc"]) for s in want) / n)
+            margins = [_margin(s, built[task].config) for s in want]  # log p(right) - best wrong, lm-eval's
+            assert got.samples["margins"] == pytest.approx(margins, abs=tolerance), (scorer, task)
+            assert got.protocol["task_version"] == str(benchmark_tasks.lm_eval_config(task)["metadata"]["version"])
+        hellaswag = metrics["zeroshot/hellaswag/acc"]
+        assert set(hellaswag.samples["per_metric"]) == {"acc", "acc_norm"}
+        assert set(metrics["zeroshot/boolq/acc"].samples["per_metric"]) == {"acc"}
 
 
 def test_missing_data_is_one_line_naming_install_data(tmp_path):

@@ -53,7 +53,9 @@ class SharedContextLM(HFLM):
         super().__init__(*args, **kwargs)
         size = self.batch_size if isinstance(self.batch_size, int) else 16
         self.context_batch = context_batch or size  # contexts per call (each brings its choices)
-        self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        parameters = inspect.signature(self.model.forward).parameters
+        self._keeps_logits = "logits_to_keep" in parameters
+        self._cache_arg = "cache" if "cache" in parameters else "past_key_values"  # renamed in transformers 5.2x
 
     def _loglikelihood_tokens(self, requests: list[Request], disable_tqdm: bool = False,
                               override_bs: int | None = None) -> list[tuple[float, bool]]:
@@ -136,7 +138,7 @@ class SharedContextLM(HFLM):
         positions = start[:, None] + torch.arange(width, device=device)[None, :]  # [R, T]
         full_mask = torch.cat([mask[source], torch.ones((len(chunk), width), dtype=mask.dtype, device=device)],
                               dim=1)  # the right padding comes after every real token: causal, never seen
-        logits = self.model(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
-                            use_cache=True).logits  # [R, T, V]
+        logits = self.model(input_ids=ids, attention_mask=full_mask, position_ids=positions, use_cache=True,
+                            **{self._cache_arg: cache}).logits  # [R, T, V]
         return {r: F.log_softmax(logits[i, :len(rows[r][1]) - 1], dim=-1, dtype=self.softmax_dtype)
                 for i, r in enumerate(chunk)}
