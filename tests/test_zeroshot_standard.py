@@ -96,10 +96,11 @@ def _reference_samples(model, tokenizer, built: dict, monkeypatch) -> dict:
         local = original("json", data_files=str(files[(path, name)]), split="train")
         return datasets.DatasetDict({split: local for split in ("train", "validation", "test")})
 
-    monkeypatch.setattr(lm_eval.api.task.datasets, "load_dataset", load_dataset)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=8)
-    out = simple_evaluate(model=lm, tasks=list(built), num_fewshot=0, task_manager=TaskManager(),
-                          log_samples=True, verbosity="WARNING")
+    with monkeypatch.context() as patch:
+        patch.setattr(lm_eval.api.task.datasets, "load_dataset", load_dataset)
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=8)
+        out = simple_evaluate(model=lm, tasks=list(built), num_fewshot=0, task_manager=TaskManager(),
+                              log_samples=True, verbosity="WARNING")
     return {task: sorted(out["samples"][task], key=lambda s: s["doc_id"]) for task in built}
 
 
