@@ -68,6 +68,15 @@ def test_installed_splits_have_the_published_sizes_and_the_fields_lm_eval_reads(
             assert isinstance(gold, int) and 0 <= gold < len(choices), (task, gold)
 
 
+def test_a_metric_the_task_does_not_compute_is_one_line_before_any_model(bench_cache):
+    spec = ZeroShotSpec(tasks=("hellaswag", "boolq"), metric="acc_norm", cache_dir=str(bench_cache))
+    with pytest.raises(ConfigError, match="lm-eval's boolq reports acc only") as error:
+        spec.check_data()
+    assert "\n" not in str(error.value)
+    ZeroShotSpec(tasks=("hellaswag", "boolq"), metric="acc_norm", metric_overrides={"boolq": "acc"},
+                 cache_dir=str(bench_cache)).check_data()
+
+
 def test_subsets_are_fixed_by_seed_sorted_and_distinct():
     first = benchmark_tasks.subset_rows("hellaswag", 10042, 250, seed=0)
     assert first == benchmark_tasks.subset_rows("hellaswag", 10042, 250, seed=0)

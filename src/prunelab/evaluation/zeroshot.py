@@ -94,6 +94,13 @@ class ZeroShotSpec:
         for task in self.tasks:
             if task in benchmark_tasks.TASKS:
                 benchmarks.data_file(task, self.cache_dir)
+                self.check_metric(task, benchmark_tasks.metrics_offered(benchmark_tasks.lm_eval_config(task)))
+
+    def check_metric(self, task: str, offered: tuple[str, ...]) -> None:
+        """The metric recorded for `task` is one lm-eval's task config computes."""
+        if self.metric_for(task) not in offered:
+            raise ConfigError(f"lm-eval's {task} reports {', '.join(offered)} only, not {self.metric_for(task)}: "
+                              f"set evaluation.zeroshot.metric_overrides={{{task}: {offered[0]}}}")
 
     def metric_for(self, task: str) -> str:
         return self.metric_overrides.get(task, self.metric)
@@ -239,10 +246,7 @@ class ZeroShotEvaluator:
         built = {t: benchmark_tasks.build(t, self.cache_root, self.spec.subset, self.spec.subset_seed)
                  for t in self.spec.tasks if t in benchmark_tasks.TASKS}
         for task, bench in built.items():
-            offered = benchmark_tasks.metrics_offered(bench.config)
-            if self.spec.metric_for(task) not in offered:
-                raise ConfigError(f"lm-eval's {task} reports {', '.join(offered)} only, not "
-                                  f"{self.spec.metric_for(task)}: set evaluation.zeroshot.metric_overrides")
+            self.spec.check_metric(task, benchmark_tasks.metrics_offered(bench.config))
         return built
 
     def evaluate(self, model, tokenizer) -> dict[str, Metric]:
