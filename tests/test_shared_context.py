@@ -1,0 +1,82 @@
+"""The shared-context scorer gives HFLM's log-likelihoods while running each shared context once."""
+
+from __future__ import annotations
+
+import pytest
+from tiny import ARCHS
+
+from prunelab.models import ModelSpec, load_model
+
+WORDS = ("the cat sat on the mat . the dogs that the boy owns are happy . she gives the key to him . "
+         "seven plus five is twelve . alice lives in paris and works as a baker .").split()
+
+
+def _requests():
+    """Contexts of several lengths, each with choices of several lengths (one-token ones too), a
+    context with one continuation, and two contexts sharing one continuation (WinoGrande's shape)."""
+    from lm_eval.api.instance import Instance
+
+    pairs = []
+    for start, size in ((0, 3), (4, 9), (10, 17), (2, 6)):
+        context = " ".join(WORDS[start:start + size])
+        for choice in (" cat", " the dogs that the boy owns", " seven plus five is twelve .", " alice"):
+            pairs.append((context, choice))
+    pairs.append(("she gives the key", " to him ."))
+    pairs += [("the boy owns the cat", " are happy ."), ("the boy owns the dogs", " are happy .")]
+    return [Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=i) for i, pair in enumerate(pairs)]
+
+
+def _count_tokens(model) -> list[int]:
+    seen = [0]
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        seen[0] += ids.numel()
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_shared_context_loglikelihoods_equal_hflm(tiny_model_dirs, arch):
+    from lm_eval.models.huggingface import HFLM
+
+    from prunelab.evaluation.shared_context import SharedContextLM
+
+    loaded = load_model(ModelSpec(name_or_path=str(tiny_model_dirs[arch]), device="cpu"))
+    counted = _count_tokens(loaded.model)
+    reference = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=4).loglikelihood(
+        _requests(), disable_tqdm=True)
+    full_tokens, counted[0] = counted[0], 0
+    shared = SharedContextLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=4,
+                             context_batch=3).loglikelihood(_requests(), disable_tqdm=True)
+    assert len(shared) == len(reference)
+    for (got, got_greedy), (want, want_greedy) in zip(shared, reference):
+        assert got == pytest.approx(want, abs=1e-4) and got_greedy == want_greedy
+    assert counted[0] < full_tokens  # the contexts ran once, not once per choice
+
+
+def test_the_evaluator_with_either_scorer_grades_every_item_alike(tiny_model_dirs, tmp_path):
+    from prunelab.evaluation.zeroshot import ZeroShotSpec
+
+    loaded = load_model(ModelSpec(name_or_path=str(tiny_model_dirs["llama"]), device="cpu"))
+    results = {}
+    for scorer in ("lm_eval", "shared_context"):
+        spec = ZeroShotSpec(tasks=("tb_city", "tb_agreement"), items=30, batch_size=8, scorer=scorer,
+                            cache_dir=str(tmp_path))
+        results[scorer] = spec.build(progress=False).evaluate(loaded.model, loaded.tokenizer)
+    for key, metric in results["lm_eval"].items():
+        other = results["shared_context"][key]
+        assert other.value == pytest.approx(metric.value)
+        if metric.samples:
+            assert other.samples["values"] == metric.samples["values"]
+            assert other.samples["margins"] == pytest.approx(metric.samples["margins"], abs=1e-4)
+            assert other.protocol["scorer"] == "shared_context" and "scorer" not in metric.protocol
+
+
+def test_unknown_scorer_is_a_config_error():
+    from prunelab.errors import ConfigError
+    from prunelab.evaluation.zeroshot import ZeroShotSpec
+
+    with pytest.raises(ConfigError, match="lm_eval, shared_context"):
+        ZeroShotSpec(tasks=("tb_city",), scorer="fast")

