@@ -84,6 +84,9 @@ CASES = [
          layers=4, weights=True),
 ]
 BY_NAME = {case.name: case for case in CASES}
+#: official_runs.RUNNERS key -> the repository and script whose command line `Case.official` is
+SCRIPTS = {"wanda": "locuslab/wanda main.py", "ria": "RIA main.py", "dsnot": "DSnoT main.py", "dlp": "DLP run.py",
+           "alps": "ALPS llama.py"}
 MODES = {"inprocess": "one process, deep copies", "process-1t": "own processes, 1 thread",
          "process-2t": "own processes, 2 threads"}
 NSAMPLES, SEQLEN = 32, 256
@@ -244,31 +247,43 @@ def measure(case: Case, mode: str, folder: Path, ids: Path, repo: Path) -> dict[
 
 
 NOTES = """How to read it: each cell is `linears whose mask differs / linears compared (differing entries)`
-for the decoder-layer linears of SmolLM2-135M (210 linears, 106,168,320 entries over all 30 layers;
-ALPS on its first 4 layers, 28 linears, about 14.2M entries, since it costs about an hour a side for
-all 30). `max |dW|` (ALPS and SparseGPT, which refit the kept weights) is the largest difference
-between the two sides' pruned weights in any mode. Modes: `one process` runs both sides in one
-process on deep copies of one `from_pretrained` model; `own processes` runs the official code and
-prunelab each in a fresh process of its own (Python's hash seed random in each), each loading the
-folder with plain `from_pretrained`, at 1 or 2 torch threads. The official side is the repository's
-own function (`official_runs.py`), unedited, CPU shims only, and imports no prunelab module (the
-child process checks). The prunelab side is the public API, `prunelab.prune(model, tokenizer,
-method=..., calibration=token_ids, ...)` with the keywords shown.
+over the decoder-layer linears of the first `layers` layers (`model` is the folder's model type,
+layer count and hidden size: `llama 30L h576` is SmolLM2-135M, `qwen2 24L h896` Qwen2.5-Coder-0.5B,
+both the dequantized 4-bit GGUFs prunelab converts). `max |dW|` (ALPS and SparseGPT, which refit the
+kept weights) is the largest difference between the two sides' pruned weights in any mode. Modes:
+`one process` runs both sides in one subprocess on deep copies of one `from_pretrained` model;
+`own processes` runs the official code and prunelab each in a fresh process of its own (Python's
+hash seed random in each), each loading the folder with plain `from_pretrained` (float32, default
+attention, nothing set), at 1 or 2 torch threads. The official side is the repository's own
+function (`official_runs.py`), unedited, CPU shims only, and imports no prunelab module (the child
+process checks). The prunelab side is the public API, `prunelab.prune(model, tokenizer, method=...,
+calibration=token_ids, ...)` with the keywords shown. `not run`: a mode not measured for that case
+(the two-thread and one-process modes were run for the settings with a global or iterative decision,
+where an order of summation shows first). The SmolLM2 rows cover the first 8 layers (ALPS its first
+4: about an hour a side for all 30); the in-process tables of `official_ria.md`, `official_dsnot.md`,
+`official_dlp.md` and `official_alps_all_layers.md` cover all 30.
 """
 
 
 def render(table, header: str) -> str:
     import pandas as pd
 
-    cells = table.assign(cell=[f"{r.linears_differing} / {r.linears} ({int(r.differing_entries):,})"
-                               for r in table.itertuples()])
-    wide = cells.pivot_table(index=["model", "case", "official", "prunelab", "layers"], columns="mode", values="cell",
-                             aggfunc="first", sort=False).reset_index()
+    def cell(row) -> str:
+        return f"{int(row.linears_differing)} / {int(row.linears)} ({int(row.differing_entries):,})"
+
+    def setting(keywords: str) -> str:
+        return " ".join(f"{k}={v}" for k, v in json.loads(keywords).items())
+
+    cells = table.assign(cell=[cell(r) for r in table.itertuples()], prunelab=table["prunelab"].map(setting),
+                         official=[f"{SCRIPTS[m]} {o}" for m, o in zip(table["method"], table["official"])],
+                         layers=table["layers"].astype(str))
+    index = ["model", "case", "official", "prunelab", "layers"]
+    wide = cells.pivot_table(index=index, columns="mode", values="cell", aggfunc="first", sort=False).reset_index()
     wide.columns.name = None
-    wide = wide.rename(columns=MODES)
+    wide = wide.rename(columns=MODES).fillna("not run")
     dw = table.groupby(["model", "case"], sort=False)["max_abs_dW"].max()
     wide["max |dW|"] = [("" if pd.isna(dw.get((m, c))) else f"{dw[m, c]:.3g}") for m, c in zip(wide["model"], wide["case"])]
-    order = ["model", "case", "official", "prunelab", "layers", *[MODES[m] for m in MODES if MODES[m] in wide], "max |dW|"]
+    order = [*index, *[MODES[m] for m in MODES if MODES[m] in wide], "max |dW|"]
     return f"# {header}\n\n{wide[order].to_markdown(index=False, disable_numparse=True)}\n\n{NOTES}"
 
 
