@@ -261,6 +261,11 @@ def render(rows: list[dict], path: Path) -> None:
         for r in missing:
             lines.append(f"| {r.family} | {r.name} | not run: out of time in this session | | | | | |")
         lines.append("")
+        by_setting = {r["setting"]: r for r in mine if r["outcome"] == "ok"}
+        if "wanda" in by_setting and "wanda streamed" in by_setting:  # streaming must not change the result
+            same = by_setting["wanda"]["pruned_ppl"] == by_setting["wanda streamed"]["pruned_ppl"]
+            lines += [f"Streamed Wanda against resident Wanda: pruned perplexity "
+                      f"{'identical' if same else 'differs'}.", ""]
     path.write_text("\n".join(lines))
 
 
