@@ -80,3 +80,20 @@ def test_unknown_scorer_is_a_config_error():
 
     with pytest.raises(ConfigError, match="lm_eval, shared_context"):
         ZeroShotSpec(tasks=("tb_city",), scorer="fast")
+
+
+def test_choices_that_change_the_context_share_its_beginning():
+    """WinoGrande's shape: two contexts (the option filled in) before one continuation share the
+    tokens before the option; only the continuation is scored."""
+    from prunelab.evaluation.shared_context import _groups
+
+    requests = [(("", ""), [5, 6, 7, 8], [9, 10]), (("", ""), [5, 6, 11], [9, 10]),  # one item
+                (("", ""), [1, 2], [3]), (("", ""), [1, 2], [4, 4]),  # one context, two choices
+                (("", ""), [7], [12]), (("", ""), [8], [12])]  # nothing shared: HFLM's loop
+    groups, alone = _groups(requests, max_length=32)
+    by_prefix = {tuple(g.prefix): g for g in groups}
+    assert set(by_prefix) == {(1, 2), (5, 6)} and alone == [4, 5]
+    winogrande = by_prefix[(5, 6)]
+    assert winogrande.remainders == [[7, 8, 9, 10], [11, 9, 10]] and winogrande.scored == [2, 2]
+    assert by_prefix[(1, 2)].remainders == [[3], [4, 4]] and by_prefix[(1, 2)].scored == [1, 2]
+    assert _groups(requests, max_length=3)[1] == [0, 1, 4, 5]  # too long for the window: HFLM truncates

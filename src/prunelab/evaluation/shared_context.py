@@ -1,26 +1,36 @@
-"""Multiple-choice log-likelihoods with each shared context computed once (lm-eval's numbers, less work).
+"""Multiple-choice log-likelihoods with each shared prefix computed once (lm-eval's numbers, less work).
 
 lm-eval's HFLM scores every (context, choice) pair as its own sequence, so a 4-choice item runs its
 context through the model four times. `SharedContextLM` is an HFLM whose `_loglikelihood_tokens`
-groups the requests by context tokens and, for groups of two or more:
+groups the requests that start with the same tokens:
 
-1. runs a batch of contexts once (left-padded, attention mask and explicit position ids), keeping
-   the KV cache and the last position's log-probabilities (they score each choice's first token);
-2. repeats each context's cache row once per choice and runs every choice's tokens but the last
-   (right-padded, in chunks of similar lengths) on top of it; the log-probability of choice token
-   i+1 is read at position i.
+- requests with the same context (HellaSwag, ARC, OpenBookQA, BoolQ, RTE): the prefix is the context,
+  each request continues with its choice;
+- requests with the same continuation after different contexts (WinoGrande's partial scoring: the
+  sentence up to the blank, filled with each option, then the same rest of the sentence): the prefix
+  is the contexts' longest common beginning, each request continues with the rest of its context
+  and the continuation, of which only the continuation is scored.
 
-Where the choices change the context (WinoGrande: one continuation after two contexts), a context is
-shared by one request only, or context + choice would not fit the model's window (lm-eval then
-truncates from the left), the requests go to HFLM's own `_loglikelihood_tokens` unchanged. The
-answers are lm-eval's `(sum log p, is greedy)` pairs, so lm-eval's tasks compute acc and acc_norm
-from them as usual. Select with `evaluation.zeroshot.scorer=shared_context`.
+For each batch of groups it
+
+1. runs the prefixes once (left-padded, attention mask and explicit position ids), keeping the KV
+   cache and the last position's log-probabilities (they score each remainder's first token);
+2. repeats each prefix's cache row once per request and runs every remainder's tokens but the last
+   (right-padded, in chunks of similar lengths) on top of it; the log-probability of remainder
+   token i+1 is read at position i. A request's answer sums its last `len(continuation)` of them.
+
+The tokens each request sees are HFLM's (context + continuation, one sequence), so the numbers are
+HFLM's up to float rounding. Requests sharing no prefix, or whose tokens would not fit the model's
+window (lm-eval then truncates from the left), go to HFLM's own `_loglikelihood_tokens` unchanged.
+The answers are lm-eval's `(sum log p, is greedy)` pairs, so lm-eval's tasks compute acc and
+acc_norm from them as usual. Select with `evaluation.zeroshot.scorer=shared_context`.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,29 +40,90 @@ from lm_eval.models.huggingface import HFLM
 Request = tuple[tuple[str, str], list[int], list[int]]
 
 
-def _groups(requests: list[Request], max_length: int) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
-    """(context tokens, request indices) of contexts shared by 2+ requests that fit the window, and
-    the indices left for HFLM's own scoring."""
+@dataclass(frozen=True)
+class Group:
+    """Requests that start with the same `prefix`; request i continues with `remainders[i]`, whose
+    last `scored[i]` tokens are its continuation."""
+
+    prefix: list[int]
+    indices: list[int]
+    remainders: list[list[int]]
+    scored: list[int]
+
+
+def _common_length(sequences: list[list[int]]) -> int:
+    first = sequences[0]
+    length = min(len(s) for s in sequences)
+    for position in range(length):
+        if any(s[position] != first[position] for s in sequences[1:]):
+            return position
+    return length
+
+
+CALL_COST_TOKENS = 24  # one forward call costs about as much as this many more tokens (CPU, SmolLM2)
+
+
+def _batches(lengths: list[int], max_rows: int, max_tokens: int, skip_empty: bool = False) -> list[list[int]]:
+    """Indices, longest first, cut into padded batches of at most `max_rows` rows and `max_tokens`
+    tokens (rows x the longest) that cost the least in all: each batch costs its padded tokens plus
+    `CALL_COST_TOKENS` (a dynamic program over the sorted lengths). `skip_empty` leaves out zeros."""
+    order = sorted((i for i, n in enumerate(lengths) if n > 0 or not skip_empty), key=lambda i: -lengths[i])
+    best = [0.0] + [float("inf")] * len(order)  # best[j]: cheapest cut of the first j rows
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        for i in range(j, max(0, j - max_rows), -1):  # the last batch is rows i-1 .. j-1, widest first
+            width = max(lengths[order[i - 1]], 1)
+            if (j - i + 1) * width > max_tokens and i < j:
+                break
+            cost = best[i - 1] + CALL_COST_TOKENS + (j - i + 1) * width
+            if cost < best[j]:
+                best[j], cut[j] = cost, i - 1
+    batches, j = [], len(order)
+    while j > 0:
+        batches.append(order[cut[j]:j])
+        j = cut[j]
+    return batches[::-1]
+
+
+def _groups(requests: list[Request], max_length: int) -> tuple[list[Group], list[int]]:
+    """The groups sharing a prefix (a context, or the beginning of contexts followed by the same
+    continuation) whose requests fit the window, and the indices left for HFLM's own scoring."""
+    fits = [len(context) + len(cont) <= max_length + 1 for _, context, cont in requests]
     by_context: dict[tuple[int, ...], list[int]] = {}
     for index, (_, context, _) in enumerate(requests):
-        by_context.setdefault(tuple(context), []).append(index)
-    shared, alone = [], []
+        if fits[index] and context:
+            by_context.setdefault(tuple(context), []).append(index)
+    groups, rest = [], [i for i in range(len(requests)) if not fits[i] or not requests[i][1]]
     for context, indices in by_context.items():
-        fits = all(len(context) + len(requests[i][2]) <= max_length + 1 for i in indices)
-        if len(indices) > 1 and fits and len(context) > 0:
-            shared.append((list(context), indices))
+        if len(indices) > 1:
+            groups.append(Group(list(context), indices, [requests[i][2] for i in indices],
+                                [len(requests[i][2]) for i in indices]))
         else:
+            rest.extend(indices)
+    by_continuation: dict[tuple[int, ...], list[int]] = {}
+    for index in rest:
+        if fits[index] and requests[index][1]:
+            by_continuation.setdefault(tuple(requests[index][2]), []).append(index)
+    alone = [i for i in rest if not fits[i] or not requests[i][1]]
+    for cont, indices in by_continuation.items():
+        shared = _common_length([requests[i][1] for i in indices]) if len(indices) > 1 else 0
+        if shared == 0:
             alone.extend(indices)
-    return shared, alone
+            continue
+        groups.append(Group(requests[indices[0]][1][:shared], indices,
+                            [requests[i][1][shared:] + list(cont) for i in indices], [len(cont)] * len(indices)))
+    return groups, sorted(alone)
 
 
 class SharedContextLM(HFLM):
-    """HFLM computing each shared multiple-choice context once (see the module docstring)."""
+    """HFLM computing each shared prefix once (see the module docstring)."""
 
     def __init__(self, *args: Any, context_batch: int | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         size = self.batch_size if isinstance(self.batch_size, int) else 16
-        self.context_batch = context_batch or size  # contexts per call (each brings its choices)
+        self.context_batch = context_batch or 4 * size  # prefixes per call (each brings its requests)
+        self.tail_batch = 4 * size  # remainders per call
+        self.max_tokens = 128 * size  # padded tokens per call (bounds the logits' and the cache's memory)
         parameters = inspect.signature(self.model.forward).parameters
         self._keeps_logits = "logits_to_keep" in parameters
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"  # renamed in transformers 5.2x
@@ -61,79 +132,65 @@ class SharedContextLM(HFLM):
                               override_bs: int | None = None) -> list[tuple[float, bool]]:
         if self.backend != "causal":
             return super()._loglikelihood_tokens(requests, disable_tqdm, override_bs)
-        shared, alone = _groups(requests, self.max_length)
+        groups, alone = _groups(requests, self.max_length)
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         if alone:
             for index, answer in zip(alone, super()._loglikelihood_tokens([requests[i] for i in alone], True,
                                                                           override_bs)):
                 results[index] = answer
-        shared.sort(key=lambda group: -len(group[0]))  # contexts of similar lengths together: little padding
-        for start in range(0, len(shared), self.context_batch):
-            batch = shared[start:start + self.context_batch]
-            answers = self._score_shared(batch, requests)
-            for (_, indices), group_answers in zip(batch, answers):
-                for index, answer in zip(indices, group_answers):
+        for chunk in _batches([len(group.prefix) for group in groups], self.context_batch, self.max_tokens):
+            batch = [groups[g] for g in chunk]
+            for group, answers in zip(batch, self._score_shared(batch)):
+                for index, answer in zip(group.indices, answers):
                     results[index] = answer
                     self.cache_hook.add_partial("loglikelihood", requests[index][0], answer)
         return results  # type: ignore[return-value]
 
     @torch.no_grad()
-    def _score_shared(self, batch: list[tuple[list[int], list[int]]],
-                      requests: list[Request]) -> list[list[tuple[float, bool]]]:
+    def _score_shared(self, batch: list[Group]) -> list[list[tuple[float, bool]]]:
         device, pad = self.device, 0
-        lengths = [len(context) for context, _ in batch]
+        lengths = [len(group.prefix) for group in batch]
         width = max(lengths)
         ids = torch.full((len(batch), width), pad, dtype=torch.long, device=device)  # [K, W] left-padded
         mask = torch.zeros((len(batch), width), dtype=torch.long, device=device)
-        for row, (context, _) in enumerate(batch):
-            ids[row, width - len(context):] = torch.tensor(context, device=device)
-            mask[row, width - len(context):] = 1
+        for row, group in enumerate(batch):
+            ids[row, width - len(group.prefix):] = torch.tensor(group.prefix, device=device)
+            mask[row, width - len(group.prefix):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [K, W]
         keep = {"logits_to_keep": 1} if self._keeps_logits else {}  # the output layer on the last position only
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **keep)
-        first = F.log_softmax(out.logits[:, -1], dim=-1, dtype=self.softmax_dtype)  # [K, V]: each choice's 1st token
+        first = F.log_softmax(out.logits[:, -1], dim=-1, dtype=self.softmax_dtype)  # [K, V]: remainder token 1
 
-        rows = [(k, requests[i][2]) for k, (_, indices) in enumerate(batch) for i in indices]  # (context row, choice)
-        tails: dict[int, torch.Tensor] = {}  # row -> log-probs of its choice tokens 2.. [len(cont) - 1, V]
-        for chunk in self._tail_chunks([len(cont) - 1 for _, cont in rows]):
+        rows = [(k, remainder, scored) for k, group in enumerate(batch)
+                for remainder, scored in zip(group.remainders, group.scored)]  # (prefix row, remainder, scored)
+        tails: dict[int, torch.Tensor] = {}  # row -> log-probs of its remainder tokens 2.. [len - 1, V]
+        tail_lengths = [len(remainder) - 1 for _, remainder, _ in rows]
+        for chunk in _batches(tail_lengths, self.tail_batch, self.max_tokens, skip_empty=True):
             tails.update(self._score_tails(chunk, rows, out.past_key_values, mask, lengths))
         answers: list[tuple[float, bool]] = []
-        for r, (k, cont) in enumerate(rows):
-            logp = first[k:k + 1] if r not in tails else torch.cat([first[k:k + 1], tails[r]])  # [len(cont), V]
-            tokens = torch.tensor(cont, device=device)
+        for r, (k, remainder, scored) in enumerate(rows):
+            logp = first[k:k + 1] if r not in tails else torch.cat([first[k:k + 1], tails[r]])  # [len, V]
+            logp, tokens = logp[-scored:], torch.tensor(remainder[-scored:], device=device)  # the continuation
             greedy = bool((logp.argmax(-1) == tokens).all())
             answers.append((float(logp.gather(1, tokens[:, None]).sum()), greedy))
         grouped, at = [], 0
-        for _, indices in batch:
-            grouped.append(answers[at:at + len(indices)])
-            at += len(indices)
+        for group in batch:
+            grouped.append(answers[at:at + len(group.indices)])
+            at += len(group.indices)
         return grouped
 
-    def _tail_chunks(self, tails: list[int]) -> list[list[int]]:
-        """Rows with choice tokens beyond the first, longest first, in chunks of similar length (a new
-        chunk when a row is under half the chunk's longest, or at 4 x batch_size rows): little padding."""
-        order = sorted((r for r, n in enumerate(tails) if n > 0), key=lambda r: -tails[r])
-        chunks: list[list[int]] = []
-        cap = 4 * (self.batch_size if isinstance(self.batch_size, int) else 16)
-        for r in order:
-            if chunks and len(chunks[-1]) < cap and 2 * tails[r] >= tails[chunks[-1][0]]:
-                chunks[-1].append(r)
-            else:
-                chunks.append([r])
-        return chunks
-
-    def _score_tails(self, chunk: list[int], rows: list[tuple[int, list[int]]], base_cache, mask: torch.Tensor,
-                     lengths: list[int]) -> dict[int, torch.Tensor]:
-        """Every choice token but the first and last of `chunk`'s rows, run on a copy of their context's cache."""
+    def _score_tails(self, chunk: list[int], rows: list[tuple[int, list[int], int]], base_cache,
+                     mask: torch.Tensor, lengths: list[int]) -> dict[int, torch.Tensor]:
+        """Every remainder token but the first and last of `chunk`'s rows, on a copy of their prefix's cache."""
         device = self.device
         width = max(len(rows[r][1]) for r in chunk) - 1
-        source = torch.tensor([rows[r][0] for r in chunk], device=device)  # [R] context row of each
+        source = torch.tensor([rows[r][0] for r in chunk], device=device)  # [R] prefix row of each
         cache = copy.deepcopy(base_cache)
-        cache.reorder_cache(source)  # [R, ...]: each context row once per choice of this chunk
+        cache.reorder_cache(source)  # [R, ...]: each prefix row once per request of this chunk
         ids = torch.zeros((len(chunk), width), dtype=torch.long, device=device)  # [R, T] right-padded
         for i, r in enumerate(chunk):
-            cont = rows[r][1]
-            ids[i, :len(cont) - 1] = torch.tensor(cont[:-1], device=device)
+            remainder = rows[r][1]
+            ids[i, :len(remainder) - 1] = torch.tensor(remainder[:-1], device=device)
         start = torch.tensor([lengths[rows[r][0]] for r in chunk], device=device)  # [R]
         positions = start[:, None] + torch.arange(width, device=device)[None, :]  # [R, T]
         full_mask = torch.cat([mask[source], torch.ones((len(chunk), width), dtype=mask.dtype, device=device)],
