@@ -5,7 +5,8 @@ config over the installed official split, `evaluation=standard`'s task list), sc
 `--scorer` (default `shared_context`: the same log-likelihoods as lm-eval's HFLM up to float
 rounding, at about half the cost: results/zeroshot_scorer/). Each finished task is written to
 `<out>/runs/<model>__<task>.json` with both metrics' means and every item's correctness; a rerun
-skips the tasks that have one, so a long run resumes where it stopped.
+skips the tasks that have one, so a long run resumes where it stopped; a split longer than
+`--shard` rows (HellaSwag) is scored and saved in shards of consecutive rows, merged when all are done.
 
 The CPU protocol's numbers (`evaluation=standard_cpu`: the seeded subset of 250 items per task) are
 read off the full-split items (the subset's rows are a subset of the split), not scored again.
@@ -42,6 +43,7 @@ PUBLISHED = {
 
 
 def run_task(model, tokenizer, task: str, scorer: str, batch_size: int) -> dict:
+    """One task through prunelab's zero-shot evaluator, as `evaluation=standard` runs it."""
     from prunelab.evaluation.zeroshot import ZeroShotSpec
 
     spec = ZeroShotSpec(tasks=(task,), subset=None, scorer=scorer, batch_size=batch_size)
@@ -53,6 +55,51 @@ def run_task(model, tokenizer, task: str, scorer: str, batch_size: int) -> dict:
     return {"task": task, "n": len(samples["ids"]), "seconds": seconds, "scorer": scorer,
             "means": samples["means"], "stamp": metric.protocol, "ids": samples["ids"],
             "per_metric": {m: [int(v) for v in values] for m, values in samples["per_metric"].items()}}
+
+
+def run_sharded(model, tokenizer, task: str, scorer: str, batch_size: int, shard: int, folder: Path) -> dict:
+    """A long split (HellaSwag: 10,042 items) in shards of `shard` consecutive rows, each the
+    evaluator's lm-eval call on those rows and written as it finishes: an interrupted run keeps its
+    shards. The merged record is the one `run_task` writes."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from prunelab.data import benchmarks
+    from prunelab.evaluation import benchmark_tasks
+    from prunelab.evaluation.shared_context import SharedContextLM
+
+    rows = int(benchmarks.manifest()[task]["rows"])
+    full = benchmarks.data_file(task)
+    config = benchmark_tasks.lm_eval_config(task)
+    offered = benchmark_tasks.metrics_offered(config)
+    lm = (SharedContextLM if scorer == "shared_context" else HFLM)(pretrained=model, tokenizer=tokenizer,
+                                                                   batch_size=batch_size)
+    parts = []
+    for start in range(0, rows, shard):
+        stop = min(start + shard, rows)
+        path = folder / f"{task}.rows{start}-{stop}.json"
+        if not path.exists():
+            data = folder / f"{task}.rows{start}-{stop}.jsonl"
+            benchmark_tasks._write_subset(full, list(range(start, stop)), data)
+            print(f"    {task} rows {start}-{stop} of {rows}", flush=True)
+            began = time.perf_counter()
+            out = simple_evaluate(model=lm, tasks=[benchmark_tasks.with_local_data(config, data)], num_fewshot=0,
+                                  log_samples=True, verbosity="WARNING",
+                                  task_manager=TaskManager(include_defaults=False))
+            samples = sorted(out["samples"][task], key=lambda sample: sample["doc_id"])
+            if len(samples) != stop - start:
+                raise RuntimeError(f"{task}: lm-eval graded {len(samples)} items of rows {start}-{stop}")
+            part = {"rows": [start, stop], "seconds": time.perf_counter() - began,
+                    "per_metric": {m: [int(float(s[m])) for s in samples] for m in offered}}
+            path.write_text(json.dumps(part))
+            data.unlink()
+        parts.append(json.loads(path.read_text()))
+    per_metric = {m: [v for part in parts for v in part["per_metric"][m]] for m in offered}
+    return {"task": task, "n": rows, "seconds": sum(part["seconds"] for part in parts), "scorer": scorer,
+            "means": {m: sum(values) / rows for m, values in per_metric.items()},
+            "stamp": {"task_version": benchmark_tasks.version(config), "shards": len(parts)},
+            "ids": [f"{task}:{i}" for i in range(rows)], "per_metric": per_metric}
 
 
 def stderr(p: float, n: int) -> float:
@@ -119,6 +166,8 @@ def main() -> None:
     parser.add_argument("--scorer", default="shared_context", choices=("shared_context", "lm_eval"))
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--shard", type=int, default=1000,
+                        help="splits longer than this run in shards of this many rows, each saved as it ends")
     parser.add_argument("--out", default="results/zeroshot_baselines")
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args()
@@ -127,6 +176,7 @@ def main() -> None:
     if not args.render_only:
         torch.set_num_threads(args.threads)
         import prunelab
+        from prunelab.data.benchmarks import BENCHMARKS
 
         for model_name in args.models.split(","):
             todo = [t for t in args.tasks if not (out / "runs" / f"{model_name}__{t}.json").exists()]
@@ -136,8 +186,14 @@ def main() -> None:
             model.eval()
             for task in todo:
                 print(f"=== {model_name}: {task}", flush=True)
-                record = {"model": model_name, **run_task(model, tokenizer, task, args.scorer, args.batch_size)}
                 path = out / "runs" / f"{model_name}__{task}.json"
+                if BENCHMARKS[task].rows > args.shard:
+                    shards = out / "runs" / f"{model_name}__shards"
+                    shards.mkdir(exist_ok=True)
+                    result = run_sharded(model, tokenizer, task, args.scorer, args.batch_size, args.shard, shards)
+                else:
+                    result = run_task(model, tokenizer, task, args.scorer, args.batch_size)
+                record = {"model": model_name, **result}
                 path.with_suffix(".tmp").write_text(json.dumps(record))
                 path.with_suffix(".tmp").replace(path)
                 print(f"    {record['means']} in {record['seconds']:.0f} s", flush=True)
