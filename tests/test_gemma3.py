@@ -154,15 +154,32 @@ def single_kv_gemma(tmp_path_factory):
 
 
 @pytest.mark.parametrize("method", ["flap", "wanda_sp", "magnitude_sp", "llm_pruner"])
-def test_width_pruning_with_a_single_kv_head_is_refused_in_one_line(single_kv_gemma, method):
+@pytest.mark.parametrize("amount", [{"ratio": 0.05}, {"params_removed": 0.2}])
+def test_width_pruning_with_a_single_kv_head_prunes_mlp_channels_only(single_kv_gemma, method, amount, caplog):
+    """No attention unit can go (a layer must keep its one key/value head with its query heads):
+    the methods prune MLP channels only, say so in one line, and the record says which."""
     model = AutoModelForCausalLM.from_pretrained(single_kv_gemma).eval()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(UnsupportedModelError, match=f"^{method} cannot prune .*gemma3_text.*single key/value head"
-                       ) as err:
-        prunelab.prune(model, AutoTokenizer.from_pretrained(single_kv_gemma), method=method, calibration=IDS,
-                       progress=False)
-    assert "\n" not in str(err.value)
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing touched
+    config = model.config
+    dense = sum(p.numel() for p in model.parameters())
+    layers = {"layer_start": 0, "layer_end": None} if method == "llm_pruner" else {}  # its default skips 4
+    with caplog.at_level("WARNING"):
+        report = prunelab.prune(model, AutoTokenizer.from_pretrained(single_kv_gemma), method=method,
+                                calibration=IDS, progress=False, **amount, **layers)
+    warned = [r.getMessage() for r in caplog.records if "single key/value head" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0] and method in warned[0]
+    width = report["pruning"]["width"]
+    assert width["attention"].startswith("kept whole: a single key/value head")
+    heads = {(layer["num_heads"], layer["num_kv_heads"]) for layer in width["per_layer"]}
+    assert heads == {(config.num_attention_heads, 1)}
+    assert all(layer.self_attn.q_proj.out_features == config.num_attention_heads * config.head_dim
+               for layer in model.model.layers)
+    channels = [layer["intermediate_size"] for layer in width["per_layer"]]
+    assert max(channels) <= config.intermediate_size and sum(channels) < len(channels) * config.intermediate_size
+    pruned = sum(p.numel() for p in model.parameters())
+    assert width["params_removed"] == pytest.approx(1 - pruned / dense)
+    if "params_removed" in amount:
+        assert abs(width["params_removed"] - amount["params_removed"]) <= 0.01
+    assert torch.isfinite(logits(model)).all()
 
 
 def test_slicegpt_is_refused_on_gemma_in_one_line(tiny_model_dirs):
@@ -172,16 +189,16 @@ def test_slicegpt_is_refused_on_gemma_in_one_line(tiny_model_dirs):
     assert "\n" not in str(err.value)
 
 
-def test_the_pipeline_refuses_before_the_dense_evaluation(single_kv_gemma, text_file, tmp_path, monkeypatch):
+def test_the_pipeline_refuses_before_the_dense_evaluation(tiny_model_dirs, text_file, tmp_path, monkeypatch):
     from prunelab import pipeline
 
     monkeypatch.setattr(pipeline, "dense_metrics", lambda *a, **k: pytest.fail("the dense model was evaluated"))
-    overrides = [f"model.name_or_path={single_kv_gemma}", "model.device=cpu", "data=local_text",
+    overrides = [f"model.name_or_path={tiny_model_dirs[ARCH]}", "model.device=cpu", "data=local_text",
                  f"data.calibration.paths=[{text_file}]", f"data.eval_paths=[{text_file}]",
                  "data.calibration.nsamples=4", "data.calibration.seqlen=16", "evaluation.perplexity.seqlen=32",
-                 "tracking=none", "runtime.progress=false", "pruning=flap",
+                 "tracking=none", "runtime.progress=false", "pruning=slicegpt",
                  f"paths.records_dir={tmp_path / 'records'}", f"paths.cache_dir={tmp_path / 'cache'}"]
-    with pytest.raises(UnsupportedModelError, match="^flap cannot prune"):
+    with pytest.raises(UnsupportedModelError, match="^slicegpt cannot prune"):
         prunelab.run(overrides)
 
 

@@ -12,7 +12,7 @@ tiny protocol so the whole matrix fits on one CPU thread: 4 calibration sequence
 token perplexity on 2 windows of 128 held-out realtext tokens, no zero-shot, no efficiency timing
 (except the efficiency row). The numbers say whether the mechanics work, not how good a method is.
 A row that raises is recorded with its one-line error and the matrix goes on; a method that
-refuses a model by design (`UnsupportedModelError`, e.g. width pruning on Gemma's single kv head)
+refuses a model by design (`UnsupportedModelError`, e.g. SliceGPT on Gemma's post-norms)
 is recorded as `refused` with its message. Rows are appended to the CSV as they finish and a rerun
 skips the rows the CSV has (delete a row to rerun it).
 
@@ -189,6 +189,9 @@ def run_row(row: Row, model: str, records: Path) -> dict:
             notes += efficiency_summary(record)
         if row.family == "streaming":
             notes.append(f"memory mode {(record.get('memory') or {}).get('mode')}")
+        attention = ((record.get("pruning") or {}).get("width") or {}).get("attention", "pruned")
+        if attention != "pruned":
+            notes.append(f"attention {attention}")
         if row.save_reload:
             try:
                 notes.append(_reload_check(record))

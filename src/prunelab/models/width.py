@@ -10,8 +10,9 @@ compensates):
   rows of q_proj, k_proj, v_proj (and their biases) and its columns of o_proj;
 - an MLP unit is a channel: its rows of gate_proj and up_proj and its column of down_proj.
 A compensation bias (FLAP's) can be added to o_proj and down_proj. A layer may not lose every head
-or every channel (transformers cannot run an attention with no head); a model with a single
-key/value head per layer (Gemma-3-270M) is refused by the methods (`check_width_prunable`).
+or every channel (transformers cannot run an attention with no head); on a model with a single
+key/value head per layer (Gemma-3-270M) no attention unit can go, so the methods prune MLP channels
+only and their records say so (`attention_prunable`).
 
 transformers 5's Llama-like attention reads the number of heads from the projections' shapes
 (`view(..., -1, head_dim)`) and repeats key/value heads `num_key_value_groups` times: cutting whole
@@ -33,6 +34,7 @@ width-pruning code (FLAP) accepts.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,6 +44,8 @@ from torch import nn
 from prunelab.errors import ConfigError, UnsupportedModelError
 from prunelab.models.adapter import ModelAdapter
 from prunelab.models.architectures import ARCHITECTURES
+
+log = logging.getLogger(__name__)
 
 SHAPES_KEY = "prunelab_layer_shapes"
 
@@ -81,17 +85,21 @@ def model_name(adapter: ModelAdapter, name: str | None = None) -> str:
     return f"{name} ({adapter.arch.name})" if name and name != adapter.arch.name else adapter.arch.name
 
 
+def attention_prunable(adapter: ModelAdapter) -> bool:
+    """False when a layer has a single key/value head: the smallest attention unit is a key/value
+    head with all its query heads and a layer must keep one, so no attention unit can be removed
+    and a width method prunes MLP channels only (Gemma-3-270M: 4 query heads share 1 key/value head)."""
+    return min(layer_width(adapter, layer).num_kv_heads for layer in adapter.layers) > 1
+
+
 def check_width_prunable(adapter: ModelAdapter, method: str = "width pruning", name: str | None = None) -> None:
-    """`check_resizable`, and one line when a layer has a single key/value head: the smallest
-    attention unit is a key/value head with its query heads and a layer must keep one, so
-    attention could not be pruned at all and a width budget would silently fall on the MLP alone
-    (Gemma-3-270M: 4 query heads share 1 key/value head)."""
+    """`check_resizable`, and one warning line when a layer has a single key/value head: then the
+    method prunes MLP channels only (`attention_prunable`), and the record's `width.attention` says so."""
     check_resizable(adapter)
-    kv_heads = min(layer_width(adapter, layer).num_kv_heads for layer in adapter.layers)
-    if kv_heads == 1:
-        raise UnsupportedModelError(
-            f"{method} cannot prune {model_name(adapter, name)}: its layers have a single key/value head "
-            f"(the smallest attention unit, and a layer must keep one), so no attention head can be removed")
+    if not attention_prunable(adapter):
+        log.warning("%s on %s: its layers have a single key/value head (the smallest attention unit, and a "
+                    "layer must keep one), so attention is kept whole and only MLP channels are pruned",
+                    method, model_name(adapter, name))
 
 
 def _parts(adapter: ModelAdapter, layer: nn.Module) -> tuple[nn.Module, list[nn.Linear], nn.Linear,

@@ -82,7 +82,8 @@ class FLAP:
         self.structure, self.bias, self.bias_mean = structure, bias, bias_mean
 
     def check_model(self, adapter: ModelAdapter, name: str | None = None) -> None:
-        """Refuse a model this method cannot prune, before any work (`check_width_prunable`)."""
+        """Refuse a model this method cannot prune, before any work, or say in one line that it
+        prunes MLP channels only (`check_width_prunable`)."""
         check_width_prunable(adapter, self.name, name)
 
     def labels(self) -> dict[str, Any]:
@@ -122,6 +123,8 @@ class FLAP:
             heads = torch.stack([uniform_keep(per_unit(a, unit_width), counts[0]) for a in scores.attn_metric])
             return heads, torch.stack([uniform_keep(m, counts[1]) for m in scores.mlp_metric])
         attn, mlp = adaptive_unit_scores(scores.attn_metric, scores.mlp_metric, unit_width)  # [L, G], [L, M]
+        if not scores.account.attention_prunable:  # a single key/value head per layer: it stays, MLP pays
+            attn = torch.full_like(attn, float("inf"))
         if self.params_removed is None:  # the reference: int64 costs, keep (1 - ratio) of their total
             return adaptive_keep(attn, mlp, REFERENCE_HEAD_COST * width.group_size, 1, ratio=self.ratio)
         attn_cost, mlp_cost = unit_costs(adapter)
@@ -135,6 +138,8 @@ class FLAP:
     def prune(self, ctx: PruneContext, scores: FlapScores) -> PruneReport:
         adapter = ctx.loaded.adapter
         heads, channels = self.select(ctx, scores)
+        if not scores.account.attention_prunable:  # kept whole however the cut fell (its cost counted as kept)
+            heads = torch.ones_like(heads)
         for index in range(adapter.num_layers):  # every check before any weight is touched
             for what, keep in (("attention head", heads[index]), ("MLP channel", channels[index])):
                 if not bool(keep.any()):

@@ -140,7 +140,8 @@ class LLMPruner:
         self.layer_start, self.layer_end = layer_start, layer_end
 
     def check_model(self, adapter: ModelAdapter, name: str | None = None) -> None:
-        """Refuse a model this method cannot prune, before any work (`check_width_prunable`)."""
+        """Refuse a model this method cannot prune, before any work, or say in one line that it
+        prunes MLP channels only (`check_width_prunable`)."""
         check_width_prunable(adapter, self.name, name)
 
     def labels(self) -> dict[str, Any]:
@@ -159,6 +160,8 @@ class LLMPruner:
         else:
             counts = uniform_counts(account.dense_total, self.params_removed, len(layers),
                                     unit_costs(account.adapter), (width.num_kv_heads, width.intermediate_size))
+        if not account.attention_prunable:  # a single key/value head per layer: it stays
+            counts = (0, counts[1])
         for what, removed, total in (("attention head", counts[0], width.num_kv_heads),
                                      ("MLP channel", counts[1], width.intermediate_size)):
             if removed >= total:

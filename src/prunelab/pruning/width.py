@@ -4,7 +4,8 @@ parameter cost of a unit, the per-layer structure of a budget, and the record of
 The choice of units is the methods' (scores in `scoring.width`); cutting them out of the modules is
 `models.width`'s. A record's `pruning.width` holds per layer the kept key/value heads, query heads
 and MLP channels and the parameters before and after, and in total the parameters before and
-after, the fraction removed and, with `params_removed`, the target.
+after, the fraction removed and, with `params_removed`, the target, and under `attention` whether
+attention units could go (not with a single key/value head per layer: MLP channels only).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 from prunelab.context import PruneContext
 from prunelab.errors import ConfigError
 from prunelab.models.adapter import ModelAdapter
-from prunelab.models.width import check_width_prunable, layer_width, resize_layer
+from prunelab.models.width import (attention_prunable, check_resizable, check_width_prunable, layer_width,
+                                   resize_layer)
 from prunelab.pruning.parameter_budget import TOLERANCE, check_fraction, removed_fraction, uniform_counts
 from prunelab.pruning.report import layer_parameters, parameter_counts
 from prunelab.scoring.width import per_unit, uniform_keep
@@ -61,8 +63,9 @@ class WidthAccount:
     """Parameters of the model before pruning, and the record once it is pruned."""
 
     def __init__(self, adapter: ModelAdapter, params_removed: float | None, method: str = "width pruning"):
-        check_width_prunable(adapter, method)
+        check_resizable(adapter)
         self.adapter = adapter
+        self.attention_prunable = attention_prunable(adapter)
         self.target = params_removed
         self.dense_total = parameter_counts(adapter)["total"]
         self.dense_layers = layer_parameters(adapter)
@@ -75,7 +78,7 @@ class WidthAccount:
     def uniform_counts(self, ratio: float, added: int = 0) -> tuple[int, int]:
         """(key/value heads, MLP channels) to remove from every layer: the references' int(ratio x n)
         of each, or, with a parameter budget, `parameter_budget.uniform_counts`."""
-        units = (self.width.num_kv_heads, self.width.intermediate_size)
+        units = (self.width.num_kv_heads, self.width.intermediate_size)  # a single kv head: none can go
         if self.target is None:
             return int(ratio * units[0]), int(units[1] * ratio)
         return uniform_counts(self.dense_total, self.target, self.adapter.num_layers, unit_costs(self.adapter),
@@ -99,6 +102,8 @@ class WidthAccount:
                  100 * achieved)
         return {"parameters_before": self.dense_total, "parameters_after": pruned_total,
                 "params_removed_target": self.target, "params_removed": achieved,
+                "attention": "pruned" if self.attention_prunable else
+                             "kept whole: a single key/value head per layer, MLP channels only",
                 "dense_width": {"num_heads": self.width.num_heads, "num_kv_heads": self.width.num_kv_heads,
                                 "head_dim": self.width.head_dim,
                                 "intermediate_size": self.width.intermediate_size},
@@ -136,7 +141,8 @@ class UniformWidthPruning:
                 "params_removed": self.params_removed}
 
     def check_model(self, adapter: ModelAdapter, name: str | None = None) -> None:
-        """Refuse a model these methods cannot prune, before any work (`check_width_prunable`)."""
+        """Refuse a model these methods cannot prune, before any work, or say in one line that they
+        prune MLP channels only (`check_width_prunable`)."""
         check_width_prunable(adapter, self.name, name)
 
     def score(self, ctx: PruneContext) -> tuple[WidthAccount, tuple[int, int]]:
