@@ -391,6 +391,23 @@ def test_streamed_run_equals_resident_run_zero_shot_included(tmp_path):
     assert records["true"]["sparsity"] == records["false"]["sparsity"]
 
 
+def test_streamed_zero_shot_with_the_shared_context_scorer_equals_resident(tmp_path):
+    """The shared-context scorer continues its KV caches through accelerate's offload too."""
+    common = ["evaluation.zeroshot.items=30", "evaluation.zeroshot.tasks=[tb_agreement,tb_city]",
+              "evaluation.zeroshot.scorer=shared_context", "evaluation.perplexity.max_windows=2",
+              "tracking=none", "runtime.progress=false"]
+    records = {mode: prunelab.run([f"model.streaming={mode}", f"paths.records_dir={tmp_path / mode}",
+                                   f"paths.cache_dir={tmp_path / ('cache_' + mode)}", *common])
+               for mode in ("false", "true")}
+    assert records["true"]["memory"]["mode"] == "streamed"
+    for stage in ("dense", "pruned"):
+        want, got = records["false"]["metrics"][stage], records["true"]["metrics"][stage]
+        for key in (k for k in want if k.startswith("zeroshot/") and k != "zeroshot/average"):
+            assert got[key]["protocol"]["scorer"] == "shared_context"
+            assert got[key]["samples"]["values"] == want[key]["samples"]["values"], key
+            assert got[key]["samples"]["margins"] == pytest.approx(want[key]["samples"]["margins"], abs=1e-4), key
+
+
 def test_evaluators_find_the_device_of_an_offloaded_embedding(tiny_model_dirs, tmp_path):
     """Token ids go where accelerate runs the embedding, even when its weight is on disk."""
     path = tiny_model_dirs["llama"]
