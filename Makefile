@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-cluster test-gpu test-all wheel-check gpu-check gpu-bundle notebook study by-model clean-venv
+.PHONY: setup run test test-cluster test-gpu test-all wheel-check gpu-check gpu-bundle notebook study by-model by-backbone clean-venv
 STUDY ?=
 
 $(STAMP): pyproject.toml Makefile
@@ -75,11 +75,18 @@ study: setup
 	$(VENV)/bin/prunelab-aggregate $(if $(MODEL),results/$(STUDY)/records,records/$(STUDY)) \
 	    --out results/$(STUDY)$(if $(MODEL),/$(MODEL)) $$(cat experiments/$(STUDY)/aggregate.args)
 	$(if $(MODEL),$(MAKE) --no-print-directory by-model STUDY=$(STUDY) MODEL=$(MODEL))
+	$(if $(MODEL),$(MAKE) --no-print-directory by-backbone STUDY=$(STUDY))
 
 ## The study's models side by side (testbed tables beside results/<study>/<MODEL>/): by_model.md
 by-model: setup
 	$(PY) -m prunelab.analysis.by_model $(wildcard results/$(STUDY)/table.csv) \
 	    results/$(STUDY)/$(MODEL)/table.csv --out results/$(STUDY)/by_model.md
+
+## The study on the real backbones side by side (SmolLM2, Qwen2.5, Gemma 3: those that ran): by_backbone.md
+BACKBONES = smollm2 qwen25 gemma3
+by-backbone: setup
+	$(PY) -m prunelab.analysis.by_model $(wildcard $(foreach b,$(BACKBONES),results/$(STUDY)/$(b)/table.csv)) \
+	    --out results/$(STUDY)/by_backbone.md
 
 clean-venv:
 	rm -rf $(VENV)
