@@ -48,12 +48,41 @@ def test_shared_context_loglikelihoods_equal_hflm(tiny_model_dirs, arch):
     reference = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=4).loglikelihood(
         _requests(), disable_tqdm=True)
     full_tokens, counted[0] = counted[0], 0
-    shared = SharedContextLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=4,
-                             context_batch=3).loglikelihood(_requests(), disable_tqdm=True)
+    scorer = SharedContextLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=4, context_batch=3)
+    assert scorer._head is not None  # the remainders' output layer runs on their scored positions only
+    shared = scorer.loglikelihood(_requests(), disable_tqdm=True)
     assert len(shared) == len(reference)
     for (got, got_greedy), (want, want_greedy) in zip(shared, reference):
         assert got == pytest.approx(want, abs=1e-4) and got_greedy == want_greedy
     assert counted[0] < full_tokens  # the contexts ran once, not once per choice
+
+
+def test_a_model_that_changes_its_logits_after_the_head_keeps_its_whole_forward(tiny_model_dirs):
+    """Logits scaled after the output layer (as a soft-capping model does): the split head would
+    miss the scaling, so the scorer runs the model's own forward and still gives HFLM's numbers."""
+    import functools
+
+    from lm_eval.models.huggingface import HFLM
+
+    from prunelab.evaluation.shared_context import SharedContextLM
+
+    model = load_model(ModelSpec(name_or_path=str(tiny_model_dirs["llama"]), device="cpu"))
+    original = model.model.forward
+
+    @functools.wraps(original)
+    def scaled(*args, **kwargs):
+        out = original(*args, **kwargs)
+        out.logits = out.logits * 0.5
+        return out
+
+    model.model.forward = scaled
+    reference = HFLM(pretrained=model.model, tokenizer=model.tokenizer, batch_size=4).loglikelihood(
+        _requests(), disable_tqdm=True)
+    scorer = SharedContextLM(pretrained=model.model, tokenizer=model.tokenizer, batch_size=4)
+    assert scorer._head is None
+    for (got, got_greedy), (want, want_greedy) in zip(scorer.loglikelihood(_requests(), disable_tqdm=True),
+                                                      reference):
+        assert got == pytest.approx(want, abs=1e-4) and got_greedy == want_greedy
 
 
 def test_the_evaluator_with_either_scorer_grades_every_item_alike(tiny_model_dirs, tmp_path):

@@ -116,7 +116,7 @@ def _groups(requests: list[Request], max_length: int) -> tuple[list[Group], list
 
 
 class SharedContextLM(HFLM):
-    """HFLM computing each shared prefix once (see the module docstring)."""
+    """lm-eval's HFLM scoring requests that share a prefix from one pass over it (module docstring)."""
 
     def __init__(self, *args: Any, context_batch: int | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -127,6 +127,23 @@ class SharedContextLM(HFLM):
         parameters = inspect.signature(self.model.forward).parameters
         self._keeps_logits = "logits_to_keep" in parameters
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"  # renamed in transformers 5.2x
+        self._body, self._head = self._split_head()
+
+    @torch.no_grad()
+    def _split_head(self) -> tuple[Any, Any]:
+        """The decoder and the output layer as two calls, when the model's logits are exactly
+        `head(body(...).last_hidden_state)` (checked on a few tokens; not so for a model that scales or
+        caps its logits): the remainders' output layer then runs on their scored positions only, not on
+        padding or on the unscored part of WinoGrande's remainders. (None, None) otherwise."""
+        body, head = getattr(self.model, "base_model", None), self.model.get_output_embeddings()
+        if body is None or body is self.model or head is None:
+            return None, None
+        ids = torch.tensor([[1, 2, 3]], device=self.device)
+        try:
+            split = head(body(input_ids=ids, use_cache=False).last_hidden_state)
+        except Exception:  # noqa: BLE001 - any model that does not split this way keeps the whole forward
+            return None, None
+        return (body, head) if torch.equal(split, self.model(input_ids=ids, use_cache=False).logits) else (None, None)
 
     def _loglikelihood_tokens(self, requests: list[Request], disable_tqdm: bool = False,
                               override_bs: int | None = None) -> list[tuple[float, bool]]:
@@ -157,22 +174,26 @@ class SharedContextLM(HFLM):
             ids[row, width - len(group.prefix):] = torch.tensor(group.prefix, device=device)
             mask[row, width - len(group.prefix):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [K, W]
-        keep = {"logits_to_keep": 1} if self._keeps_logits else {}  # the output layer on the last position only
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **keep)
-        first = F.log_softmax(out.logits[:, -1], dim=-1, dtype=self.softmax_dtype)  # [K, V]: remainder token 1
-
         rows = [(k, remainder, scored) for k, group in enumerate(batch)
                 for remainder, scored in zip(group.remainders, group.scored)]  # (prefix row, remainder, scored)
-        tails: dict[int, torch.Tensor] = {}  # row -> log-probs of its remainder tokens 2.. [len - 1, V]
         tail_lengths = [len(remainder) - 1 for _, remainder, _ in rows]
+        keep = {"logits_to_keep": 1} if self._keeps_logits else {}  # the output layer on the last position only
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         use_cache=any(tail_lengths), **keep)  # one-token remainders need no cache
+        first = F.log_softmax(out.logits[:, -1], dim=-1, dtype=self.softmax_dtype)  # [K, V]: remainder token 1
+        first_greedy = first.argmax(-1)  # [K]
+
+        tails: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row -> scored tokens 2..: log p, greedy
         for chunk in _batches(tail_lengths, self.tail_batch, self.max_tokens, skip_empty=True):
             tails.update(self._score_tails(chunk, rows, out.past_key_values, mask, lengths))
         answers: list[tuple[float, bool]] = []
         for r, (k, remainder, scored) in enumerate(rows):
-            logp = first[k:k + 1] if r not in tails else torch.cat([first[k:k + 1], tails[r]])  # [len, V]
-            logp, tokens = logp[-scored:], torch.tensor(remainder[-scored:], device=device)  # the continuation
-            greedy = bool((logp.argmax(-1) == tokens).all())
-            answers.append((float(logp.gather(1, tokens[:, None]).sum()), greedy))
+            logp, greedy = tails.get(r, (first.new_zeros(0), torch.ones(0, dtype=torch.bool, device=device)))
+            total, all_greedy = float(logp.sum()), bool(greedy.all())
+            if scored == len(remainder):  # the first remainder token is scored too: read off the prefix pass
+                total = float(first[k, remainder[0]]) + total
+                all_greedy = all_greedy and int(first_greedy[k]) == remainder[0]
+            answers.append((total, all_greedy))
         grouped, at = [], 0
         for group in batch:
             grouped.append(answers[at:at + len(group.indices)])
@@ -180,22 +201,50 @@ class SharedContextLM(HFLM):
         return grouped
 
     def _score_tails(self, chunk: list[int], rows: list[tuple[int, list[int], int]], base_cache,
-                     mask: torch.Tensor, lengths: list[int]) -> dict[int, torch.Tensor]:
-        """Every remainder token but the first and last of `chunk`'s rows, on a copy of their prefix's cache."""
+                     mask: torch.Tensor, lengths: list[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """The scored remainder tokens after the first of `chunk`'s rows: their log-probabilities and
+        whether each is the greedy choice, from every remainder token but the last run on a copy of
+        their prefix's cache."""
         device = self.device
         width = max(len(rows[r][1]) for r in chunk) - 1
         source = torch.tensor([rows[r][0] for r in chunk], device=device)  # [R] prefix row of each
-        cache = copy.deepcopy(base_cache)
-        cache.reorder_cache(source)  # [R, ...]: each prefix row once per request of this chunk
+        cache = _rows_of(base_cache, source)  # [R, ...]: each prefix row once per request of this chunk
         ids = torch.zeros((len(chunk), width), dtype=torch.long, device=device)  # [R, T] right-padded
+        take_row, take_col, targets, counts = [], [], [], []
         for i, r in enumerate(chunk):
-            remainder = rows[r][1]
+            remainder, scored = rows[r][1], rows[r][2]
             ids[i, :len(remainder) - 1] = torch.tensor(remainder[:-1], device=device)
+            first_col = max(len(remainder) - scored, 1) - 1  # position j predicts remainder token j + 1
+            cols = range(first_col, len(remainder) - 1)
+            take_row += [i] * len(cols)
+            take_col += list(cols)
+            targets += remainder[first_col + 1:]
+            counts.append(len(cols))
         start = torch.tensor([lengths[rows[r][0]] for r in chunk], device=device)  # [R]
         positions = start[:, None] + torch.arange(width, device=device)[None, :]  # [R, T]
         full_mask = torch.cat([mask[source], torch.ones((len(chunk), width), dtype=mask.dtype, device=device)],
                               dim=1)  # the right padding comes after every real token: causal, never seen
-        logits = self.model(input_ids=ids, attention_mask=full_mask, position_ids=positions, use_cache=True,
-                            **{self._cache_arg: cache}).logits  # [R, T, V]
-        return {r: F.log_softmax(logits[i, :len(rows[r][1]) - 1], dim=-1, dtype=self.softmax_dtype)
-                for i, r in enumerate(chunk)}
+        inputs = {"input_ids": ids, "attention_mask": full_mask, "position_ids": positions, "use_cache": True,
+                  self._cache_arg: cache}
+        where = (torch.tensor(take_row, device=device), torch.tensor(take_col, device=device))
+        if self._head is not None:
+            logits = self._head(self._body(**inputs).last_hidden_state[where])  # [N, V]: scored positions only
+        else:
+            logits = self.model(**inputs).logits[where]  # [N, V]
+        logp = F.log_softmax(logits, dim=-1, dtype=self.softmax_dtype)
+        targets_t = torch.tensor(targets, device=device)
+        picked = logp.gather(1, targets_t[:, None])[:, 0]  # [N]
+        greedy = logp.argmax(-1) == targets_t  # [N]
+        return {r: (p, g) for r, p, g in zip(chunk, picked.split(counts), greedy.split(counts))}
+
+
+def _rows_of(cache, rows: torch.Tensor):
+    """A cache holding `rows` of `cache` (repeats allowed), `cache` itself untouched: the layers'
+    `reorder_cache` assigns new tensors, so copying the layer objects suffices (no tensor copied twice)."""
+    if hasattr(cache, "layers"):
+        selected = copy.copy(cache)
+        selected.layers = [copy.copy(layer) for layer in cache.layers]
+    else:
+        selected = copy.deepcopy(cache)
+    selected.reorder_cache(rows)
+    return selected
