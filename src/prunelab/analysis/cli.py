@@ -23,7 +23,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from prunelab.analysis import compare, costs, outputs, plots, tables
+from prunelab.analysis import compare, costs, interaction, outputs, plots, tables
 from prunelab.analysis.records import (
     AnalysisError,
     LoadedRecords,
@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--from-table", metavar="CSV",
                         help="re-render a table.csv written by this tool instead of reading "
                              "records (table.csv is not rewritten; no layer profiles)")
+    parser.add_argument("--interaction", metavar="LABEL",
+                        help="test whether each setting's paired difference from --baseline depends on this "
+                             "label (model: a cross-backbone claim); writes interaction.md/.csv and a figure")
     parser.add_argument("--vs-dense", action="store_true",
                         help="also show each setting's change over dense in %% (tables and pivots)")
     parser.add_argument("--format", default="md,tex,csv", help="comma-separated: md,tex,csv")
@@ -147,6 +150,13 @@ def _aggregate(args: argparse.Namespace) -> int:
                                         args.vs_dense)
     written += outputs.write_paper(summary, metrics, args.paper or next(iter(args.pivot), None),
                                    out, formats, args.decimals)
+    if args.interaction:
+        if not args.baseline or args.from_table:
+            raise AnalysisError("--interaction needs the records and a --baseline (allocation=uniform)")
+        table_ = interaction.interaction_table(frame, metrics, args.baseline, args.interaction,
+                                               _split(args.match_on) if args.match_on is not None else None)
+        written += interaction.write_interaction(table_, out, args.interaction, args.baseline,
+                                                  plots=not args.no_plots)
     if loaded:  # what each setting cost to prune and to run (records with a pruning_cost)
         written += costs.write_cost_tables(loaded.completed, out, formats)
     if not args.no_plots:
