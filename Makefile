@@ -71,7 +71,7 @@ MODEL ?=
 study: setup
 	@test -n "$(STUDY)" || { echo "usage: make study STUDY=<name of experiments/<name>/> [MODEL=smollm2]"; exit 2; }
 	for part in $(STUDY) $$(cat experiments/$(STUDY)/more_parts 2>/dev/null); do \
-	    $(VENV)/bin/prunelab experiment=$$part$(if $(MODEL),_$(MODEL)) $(ARGS) || exit 1; done
+	    $(VENV)/bin/prunelab experiment=$${part}$(if $(MODEL),_$(MODEL)) $(ARGS) || exit 1; done
 	$(VENV)/bin/prunelab-aggregate $(if $(MODEL),results/$(STUDY)/records,records/$(STUDY)) \
 	    --out results/$(STUDY)$(if $(MODEL),/$(MODEL)) $$(cat experiments/$(STUDY)/aggregate.args)
 	$(if $(MODEL),$(MAKE) --no-print-directory by-model STUDY=$(STUDY) MODEL=$(MODEL))

@@ -77,3 +77,24 @@ def test_an_upward_import_put_back_breaks_the_layers(tmp_path, module):
     importer = "prunelab." + module.removesuffix(".py").replace("/", ".")
     assert result.returncode != 0, result.stdout
     assert "prunelab layers BROKEN" in result.stdout and importer in result.stdout, result.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+@pytest.mark.parametrize("model", ["", "smollm2", "qwen25"])
+def test_make_study_runs_the_experiment_of_each_part_and_model(tmp_path, model):
+    """`make study STUDY=wrp MODEL=qwen25` runs experiment wrp_qwen25 (the shell loop's variable
+    must not swallow the model suffix), then aggregates into results/wrp/qwen25 (commands faked)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    calls = tmp_path / "calls"
+    for name in ("prunelab", "prunelab-aggregate", "python"):
+        (bin_ / name).write_text(f"#!/bin/sh\necho {name} \"$@\" >> {calls}\n")
+        (bin_ / name).chmod(0o755)
+    (tmp_path / ".prunelab-installed").touch()  # the venv counts as set up
+    result = subprocess.run(["make", "-s", "-C", str(REPO), f"VENV={tmp_path}", "STUDY=wrp", "study"]
+                            + ([f"MODEL={model}"] if model else []), capture_output=True, text=True)
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    assert result.returncode == 0 and lines, result.stderr
+    suffix = f"_{model}" if model else ""
+    assert lines[0].split()[:2] == ["prunelab", f"experiment=wrp{suffix}"]
+    assert lines[1].startswith("prunelab-aggregate") and lines[1].split()[2:4] == ["--out", f"results/wrp{'/' + model if model else ''}"]
