@@ -77,13 +77,13 @@ study: setup
 	$(if $(MODEL),$(MAKE) --no-print-directory by-model STUDY=$(STUDY) MODEL=$(MODEL))
 	$(if $(MODEL),$(MAKE) --no-print-directory by-backbone STUDY=$(STUDY))
 
-## The study's models side by side (testbed tables beside results/<study>/<MODEL>/): by_model.md
-by-model: setup
-	$(PY) -m prunelab.analysis.by_model $(wildcard results/$(STUDY)/table.csv) \
-	    results/$(STUDY)/$(MODEL)/table.csv --out results/$(STUDY)/by_model.md
-
-## The study on the real backbones side by side (SmolLM2, Qwen2.5, Gemma 3: those that ran): by_backbone.md
+## The study's models side by side (the testbed's table, then each real backbone's that ran): by_model.md
 BACKBONES = smollm2 qwen25 gemma3
+MODEL_TABLES = $(wildcard results/$(STUDY)/table.csv $(foreach m,$(BACKBONES) $(filter-out $(BACKBONES),$(MODEL)),results/$(STUDY)/$(m)/table.csv))
+by-model: setup
+	$(PY) -m prunelab.analysis.by_model $(MODEL_TABLES) --out results/$(STUDY)/by_model.md
+
+## The study on the real backbones only (SmolLM2, Qwen2.5, Gemma 3: those that ran): by_backbone.md
 by-backbone: setup
 	$(PY) -m prunelab.analysis.by_model $(wildcard $(foreach b,$(BACKBONES),results/$(STUDY)/$(b)/table.csv)) \
 	    --out results/$(STUDY)/by_backbone.md
