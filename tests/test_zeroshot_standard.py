@@ -269,11 +269,20 @@ def test_few_shot_needs_an_installed_few_shot_split_one_line(tmp_path):
     rows = [{"question": "q", "subject": s, "choices": ["a", "b", "c", "d"], "answer": 0}
             for s, n in benchmarks.MMLU_TEST_ROWS.items() for _ in range(n)]
     benchmarks.write_cache({"mmlu": rows}, tmp_path)  # the test split without its dev split
-    ZeroShotSpec(tasks=("mmlu",), cache_dir=str(tmp_path)).check_data()  # zero-shot: enough
-    with pytest.raises(benchmarks.BenchmarkDataError) as error:
-        ZeroShotSpec(tasks=("mmlu",), num_fewshot=5, cache_dir=str(tmp_path)).check_data()
-    message = str(error.value)
-    assert "\n" not in message and "mmlu-dev" in message and "prunelab install-data" in message
+    for shots in (5, 0):  # lm-eval's mmlu task reads its few-shot split even at 0 shots
+        with pytest.raises(benchmarks.BenchmarkDataError) as error:
+            ZeroShotSpec(tasks=("mmlu",), num_fewshot=shots, cache_dir=str(tmp_path)).check_data()
+        message = str(error.value)
+        assert "\n" not in message and "mmlu-dev" in message and "prunelab install-data" in message
+    with pytest.raises(benchmarks.BenchmarkDataError, match="mmlu-dev"):
+        benchmark_tasks.build("mmlu_anatomy", tmp_path)
+    rows = [{"question": "q", "subject": s, "choices": ["a", "b", "c", "d"], "answer": 0}
+            for s in benchmarks.MMLU_SUBJECTS for _ in range(benchmarks.MMLU_SHOTS_PER_SUBJECT)]
+    benchmarks.write_cache({"mmlu": rows[:-1], "mmlu-dev": rows}, tmp_path / "short")  # short subjects
+    with pytest.raises(benchmarks.BenchmarkDataError, match="5 rows of abstract_algebra, expected 100: run "
+                                                            "`prunelab install-data`") as error:
+        benchmark_tasks.build("mmlu", tmp_path / "short")
+    assert "\n" not in str(error.value)
 
 
 def test_a_lambada_rebuild_that_does_not_give_back_its_request_is_refused_in_one_line(tmp_path):

@@ -106,7 +106,7 @@ class ZeroShotSpec:
         for task in self.tasks:
             if task in benchmark_tasks.TASKS:
                 benchmarks.data_file(benchmark_tasks.data_key(task), self.cache_dir)
-                if self.num_fewshot:
+                if benchmark_tasks.fewshot_key(task):  # lm-eval's task reads its few-shot split even at 0 shots
                     benchmarks.data_file(benchmark_tasks.fewshot_key(task), self.cache_dir)
                 self.check_metric(task, benchmark_tasks.metrics_offered(benchmark_tasks.lm_eval_config(task)))
 
