@@ -253,7 +253,8 @@ def _request_docs(archive: zipfile.ZipFile, member: str, lines: bool = False) ->
 def check_lambada(lines: list[dict], docs: list[dict]) -> int:
     """lm-eval's own lambada_openai `doc_to_text` / `doc_to_target`, rendered on each rebuilt doc, give back
     exactly its request line's context and continuation. Returns the number of rows checked."""
-    from lm_eval.utils import env  # the Jinja environment lm-eval renders its templates with (apply_template)
+    # lm-eval's Jinja environment: the one its `apply_template` renders doc_to_text/doc_to_target with
+    from lm_eval.utils import env
 
     from prunelab.evaluation.benchmark_tasks import lm_eval_config
 

@@ -182,10 +182,10 @@ class BenchmarkTask:
     split: str
     source: str
     fewshot_file: Path | None = None
-    parts: tuple["BenchmarkTask", ...] = ()
+    parts: tuple[BenchmarkTask, ...] = ()
 
     @property
-    def members(self) -> tuple["BenchmarkTask", ...]:
+    def members(self) -> tuple[BenchmarkTask, ...]:
         """The lm-eval tasks to run: the group's parts, or this task itself."""
         return self.parts or (self,)
 
