@@ -8,12 +8,14 @@ how many items choose the same answer under acc and under acc_norm.
 
     python scripts/zeroshot_scorer_benchmark.py --model testbed_llama --items 40
     python scripts/zeroshot_scorer_benchmark.py --model smollm2_135m --items 50 --out result.json
+    python scripts/zeroshot_scorer_benchmark.py --render result.json     # its markdown table
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -69,8 +71,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out")
+    parser.add_argument("--render", metavar="JSON", help="print the markdown table of a written report")
     args = parser.parse_args()
+    if args.render:
+        print(render(json.loads(open(args.render).read())))
+        return
     torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
 
     from lm_eval.models.huggingface import HFLM
 
@@ -117,10 +124,24 @@ def main() -> None:
         report["tasks"][task] = row
         worst = max(worst, row["max_abs_loglik_diff"])
     report["max_abs_loglik_diff"] = worst
+    report["load_average_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]  # other work on the machine
     print(json.dumps(report, indent=1))
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(report, handle, indent=1)
+
+
+def render(report: dict) -> str:
+    """The report as the markdown table the README and results/zeroshot_scorer/ show."""
+    lines = ["| task | items | requests | HFLM s | shared-context s | ratio | max abs log-lik diff | "
+             "same answer (acc) | same answer (acc_norm) |", "|---|---|---|---|---|---|---|---|---|"]
+    for task, row in report["tasks"].items():
+        lines.append(f"| {task} | {row['items']} | {row['requests']} | {row['lm_eval_s']:.1f} | "
+                     f"{row['shared_context_s']:.1f} | {row['time_ratio']:.2f} | {row['max_abs_loglik_diff']:.1e} | "
+                     f"{row['acc_chosen_agree']} | {row.get('acc_norm_chosen_agree', '-')} |")
+    lines.append(f"| all | | | {report['lm_eval_scoring_s']:.1f} | {report['shared_context_scoring_s']:.1f} | "
+                 f"{report['scoring_time_ratio']:.2f} | {report['max_abs_loglik_diff']:.1e} | | |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
