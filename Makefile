@@ -63,16 +63,16 @@ test-all: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 ## Run a reproduced study and write its tables: make study STUDY=magnitude_sparsity
-## On the real model: make study STUDY=pals MODEL=smollm2 runs experiment pals_smollm2; its records
-## are committed in results/<study>/records (each run costs minutes) and its tables are written
-## to results/<study>/smollm2/, so the testbed's tables are never rebuilt from other records.
+## On a real model: make study STUDY=pals MODEL=smollm2 runs experiment pals_smollm2; its records
+## are committed in results/<study>/records (each run costs minutes; every backbone's in one folder)
+## and its tables, from that model's records only (--where model=smollm2*), go to results/<study>/smollm2/.
 ## A study whose grid is not one product runs its other parts after it: experiments/<study>/more_parts.
 MODEL ?=
 study: setup
 	@test -n "$(STUDY)" || { echo "usage: make study STUDY=<name of experiments/<name>/> [MODEL=smollm2]"; exit 2; }
 	for part in $(STUDY) $$(cat experiments/$(STUDY)/more_parts 2>/dev/null); do \
 	    $(VENV)/bin/prunelab experiment=$${part}$(if $(MODEL),_$(MODEL)) $(ARGS) || exit 1; done
-	$(VENV)/bin/prunelab-aggregate $(if $(MODEL),results/$(STUDY)/records,records/$(STUDY)) \
+	$(VENV)/bin/prunelab-aggregate $(if $(MODEL),results/$(STUDY)/records --where "model=$(MODEL)*",records/$(STUDY)) \
 	    --out results/$(STUDY)$(if $(MODEL),/$(MODEL)) $$(cat experiments/$(STUDY)/aggregate.args)
 	$(if $(MODEL),$(MAKE) --no-print-directory by-model STUDY=$(STUDY) MODEL=$(MODEL))
 	$(if $(MODEL),$(MAKE) --no-print-directory by-backbone STUDY=$(STUDY))

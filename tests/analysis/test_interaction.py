@@ -65,3 +65,12 @@ def test_interaction_without_a_label_baseline_is_one_line(tmp_path, capsys):
     _backbone_study(tmp_path / "records", {"llama": -0.10, "qwen": 0.0})
     assert main([str(tmp_path / "records"), "--out", str(tmp_path / "out"), "--interaction", "model"]) == 2
     assert "--interaction needs" in capsys.readouterr().err
+
+
+def test_where_keeps_one_models_records(tmp_path):
+    _backbone_study(tmp_path / "records", {"llama_7b": -0.10, "qwen": 0.0})
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "records"), "--out", str(out), "--metric", PPL, "--where", "model=llama*",
+                 "--no-plots"]) == 0
+    assert set(pd.read_csv(out / "table.csv")["labels.model"].dropna()) == {"llama_7b"}
+    assert main([str(tmp_path / "records"), "--out", str(out), "--where", "model"]) == 2

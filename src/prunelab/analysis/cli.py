@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--from-table", metavar="CSV",
                         help="re-render a table.csv written by this tool instead of reading "
                              "records (table.csv is not rewritten; no layer profiles)")
+    parser.add_argument("--where", action="append", default=[], metavar="LABEL=GLOB",
+                        help="only the records whose label matches (model=gemma3*: one backbone of a "
+                             "study's shared records folder); repeatable")
     parser.add_argument("--interaction", metavar="LABEL",
                         help="test whether each setting's paired difference from --baseline depends on this "
                              "label (model: a cross-backbone claim); writes interaction.md/.csv and a figure")
@@ -199,6 +202,11 @@ def _load(args: argparse.Namespace) -> LoadedRecords:
     loaded = load_records(args.dirs) if args.dirs else LoadedRecords()
     if args.wandb_project:
         loaded.extend(load_wandb_runs(args.wandb_project, args.wandb_entity))
+    if args.where:
+        filters = dict(part.split("=", 1) for part in args.where if "=" in part)
+        if len(filters) != len(args.where):
+            raise AnalysisError(f"bad --where {args.where}: use LABEL=GLOB, e.g. model=gemma3*")
+        loaded = loaded.where(filters)
     return loaded
 
 

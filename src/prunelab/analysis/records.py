@@ -84,6 +84,17 @@ class LoadedRecords:
         self.completed, self.failed = merged.completed, merged.failed
         self.unreadable, self.duplicates = merged.unreadable, merged.duplicates
 
+    def where(self, filters: Mapping[str, str]) -> "LoadedRecords":
+        """The records whose labels match every `label: glob` filter (`model: gemma3*`)."""
+        import fnmatch
+
+        def keep(record: RunRecord) -> bool:
+            return all(key in record.labels and fnmatch.fnmatchcase(str(record.labels[key]), pattern)
+                       for key, pattern in filters.items())
+
+        return LoadedRecords([r for r in self.completed if keep(r)], [r for r in self.failed if keep(r)],
+                             self.unreadable, self.duplicates)
+
     def describe(self) -> str:
         """One line for humans: how many records of each kind were seen."""
         return (f"{len(self.completed)} completed record(s); {len(self.failed)} failed run(s) "
