@@ -186,7 +186,7 @@ class SharedContextLM(HFLM):
 
         tails: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row -> scored tokens 2..: log p, greedy
         for chunk in _batches(tail_lengths, self.tail_batch, self.max_tokens, skip_empty=True):
-            tails.update(self._score_tails(chunk, rows, out.past_key_values, mask, lengths))
+            tails.update(self._score_tails(chunk, rows, self._cache_of(out), mask, lengths))
         answers: list[tuple[float, bool]] = []
         for r, (k, remainder, scored) in enumerate(rows):
             logp, greedy = tails.get(r, (first.new_zeros(0), torch.ones(0, dtype=torch.bool, device=device)))
@@ -200,6 +200,10 @@ class SharedContextLM(HFLM):
             grouped.append(answers[at:at + len(group.indices)])
             at += len(group.indices)
         return grouped
+
+    def _cache_of(self, out):
+        """The output's KV cache: `cache` in transformers 5.2x (`past_key_values` before, now a warning)."""
+        return getattr(out, self._cache_arg) if self._cache_arg in getattr(out, "keys", lambda: ())() else out.past_key_values
 
     def _score_tails(self, chunk: list[int], rows: list[tuple[int, list[int], int]], base_cache,
                      mask: torch.Tensor, lengths: list[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
