@@ -53,9 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `o
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from faithful_width import (  # noqa: E402
-    differing, kept_units, largest_differences, multi_head_setup, width_comparison_parser, width_table_markdown,
+    largest_differences, multi_head_setup, width_comparison_parser, width_table_markdown,
 )
-from official_code import importable, render_committed  # noqa: E402
+from official_code import differing, importable, kept_units, render_committed  # noqa: E402
 
 import prunelab  # noqa: E402
 

@@ -3,8 +3,8 @@
 Nothing here imports prunelab: `user_conditions.py` runs these functions in a process of their
 own, on a model loaded by plain `from_pretrained`, the way a user of the official repository runs
 it, and checks afterwards that no prunelab module was loaded. The in-process comparisons
-(`official_ria.py`, `official_dsnot.py`, `official_dlp.py`, `official_alps.py`) call the same
-functions on a deep copy of prunelab's model.
+(`official_ria.py`, `official_dsnot.py`, `official_dlp.py`, `official_alps.py`, `faithful_width.py`)
+call the same functions on a deep copy of prunelab's model.
 
 Each function prunes `model` in place with the calibration token ids `token_ids` ([N, T]) and
 returns its wall seconds; `repo` is the git dir of the fetched official repository, whose files are
@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -213,5 +215,77 @@ def run_alps(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: st
                     sys.modules.pop(name, None)
 
 
+# ---- FLAP (CASIA-IVA-Lab/FLAP, lib/prune.py prune_flap / prune_wanda_sp / prune_magnitude_sp)
+
+FLAP_FILES = ("lib/prune.py", "lib/layerwrapper.py")
+
+
+@contextmanager
+def flap_shims(model, head_dim: int, prune_file: str) -> Iterator[None]:
+    """What FLAP's code needs beyond `cpu_shims`: each attention's `num_heads` (its own modeling
+    file had one), and the head size 128 it hard-codes (`reshape(-1, 128)`,
+    `repeat_interleave(128)`) read as the model's: `Tensor.reshape` and `Tensor.repeat_interleave`
+    called from `prune_file` itself (and from nowhere else) see `head_dim` for 128."""
+    for layer in model.model.layers:
+        layer.self_attn.num_heads = layer.self_attn.q_proj.out_features // head_dim
+    saved = torch.Tensor.reshape, torch.Tensor.repeat_interleave
+    reshape, repeat = saved
+
+    def from_official() -> bool:
+        return sys._getframe(2).f_code.co_filename == prune_file
+
+    def head_size_reshape(self, *shape):
+        if from_official() and shape and shape[-1] == 128:
+            shape = (*shape[:-1], head_dim)
+        return reshape(self, *shape)
+
+    def head_size_repeat(self, repeats, *args, **kwargs):
+        if from_official() and repeats == 128:
+            repeats = head_dim
+        return repeat(self, repeats, *args, **kwargs)
+
+    torch.Tensor.reshape = head_size_reshape
+    torch.Tensor.repeat_interleave = head_size_repeat
+    try:
+        yield
+    finally:
+        torch.Tensor.reshape, torch.Tensor.repeat_interleave = saved
+
+
+def flap_args(switches: str, nsamples: int) -> types.SimpleNamespace:
+    """main.py's arguments for these switches (its defaults otherwise)."""
+    return types.SimpleNamespace(
+        model="smollm2-llama", seed=0, nsamples=nsamples,
+        pruning_ratio=float(switch(switches, "--pruning_ratio", "0")),
+        remove_heads=int(switch(switches, "--remove_heads", "8")),
+        metrics=switch(switches, "--metrics", "WIFV"), structure=switch(switches, "--structure", "AL-AM"),
+        prune_method=switch(switches, "--prune_method", "flap"), cache_dir="llm_weights",
+        unstr="--unstr" in switches.split(), eval=False, save_model=None)
+
+
+def run_flap(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
+    """`main.py <switches>` (`--prune_method flap|wanda_sp|mag_sp`, e.g. scripts/llama_7b.sh's
+    `--pruning_ratio 0.2 --remove_heads -1 --metrics WIFV --structure AL-AM`) on `model`, a
+    multi-head model (the code knows no key/value groups). As its `get_llm`, a zero bias is first
+    added to o_proj and down_proj of every layer, in the weights' dtype (it loads float16)."""
+    args = flap_args(switches, token_ids.shape[0])
+    for layer in model.model.layers:
+        for linear in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            linear.bias = torch.nn.Parameter(torch.zeros(linear.out_features, dtype=linear.weight.dtype))
+    head_dim = model.model.layers[0].self_attn.head_dim
+    with tempfile.TemporaryDirectory() as folder:
+        official_copy(repo, FLAP_FILES, Path(folder))
+        with importable(Path(folder)), cpu_shims(model, token_ids), \
+                flap_shims(model, head_dim, str(Path(folder) / "lib" / "prune.py")):
+            from lib import prune  # noqa: PLC0415  (imported inside the shims: its lib.data)
+
+            pruner = {"flap": prune.prune_flap, "wanda_sp": prune.prune_wanda_sp,
+                      "mag_sp": prune.prune_magnitude_sp}[args.prune_method]
+            start = time.perf_counter()
+            pruner(args, model, tokenizer, torch.device("cpu"))
+            return time.perf_counter() - start
+
+
 #: method -> its official runner
-RUNNERS = {"wanda": run_wanda, "ria": run_ria, "dsnot": run_dsnot, "dlp": run_dlp, "alps": run_alps}
+RUNNERS = {"wanda": run_wanda, "ria": run_ria, "dsnot": run_dsnot, "dlp": run_dlp, "alps": run_alps,
+           "flap": run_flap}
