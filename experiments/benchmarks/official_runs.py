@@ -13,6 +13,10 @@ copied unedited into a temporary folder (`official_code.official_copy`).
 
 from __future__ import annotations
 
+import logging
+import os
+import runpy
+import subprocess
 import sys
 import tempfile
 import time
@@ -286,6 +290,148 @@ def run_flap(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: st
             return time.perf_counter() - start
 
 
+# ---- LLM-Pruner (horseee/LLM-Pruner, hf_prune.py --block_wise)
+
+LLM_PRUNER_UNUSED = ("LLMPruner.models.hf_chatglm", "LLMPruner.models.hf_baichuan")
+
+
+def official_files(repo: Path) -> list[str]:
+    """hf_prune.py and every file of the LLMPruner package, as committed at HEAD."""
+    names = subprocess.run(["git", "--git-dir", str(repo), "ls-tree", "-r", "--name-only", "HEAD", "LLMPruner"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    return ["hf_prune.py", *names]
+
+
+def copy_files(repo: Path, files: list[str], into: Path) -> None:
+    for name in files:
+        blob = subprocess.run(["git", "--git-dir", str(repo), "show", f"HEAD:{name}"], check=True,
+                              capture_output=True).stdout
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        (into / name).write_bytes(blob)
+
+
+def official_model(modeling, dense, rope_base: float):
+    """The official modeling file's LlamaForCausalLM holding `dense`'s (multi-head) weights, its
+    rotary embeddings rebuilt with `rope_base` by the same file's class."""
+    from transformers import LlamaConfig
+
+    source = dense.config
+    config = LlamaConfig(vocab_size=source.vocab_size, hidden_size=source.hidden_size,
+                         intermediate_size=source.intermediate_size, num_hidden_layers=source.num_hidden_layers,
+                         num_attention_heads=source.num_attention_heads,
+                         num_key_value_heads=source.num_attention_heads, hidden_act=source.hidden_act,
+                         max_position_embeddings=source.max_position_embeddings, rms_norm_eps=source.rms_norm_eps,
+                         pad_token_id=source.pad_token_id, tie_word_embeddings=False)
+    model = modeling.LlamaForCausalLM(config)
+    state = dict(dense.state_dict())
+    state.setdefault("lm_head.weight", dense.get_output_embeddings().weight)  # tied: the same values
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert all("rotary_emb" in k for k in missing + unexpected), (missing, unexpected)
+    head_dim = source.hidden_size // source.num_attention_heads
+    for layer in model.model.layers:
+        layer.self_attn.rotary_emb = modeling.LlamaRotaryEmbedding(
+            head_dim, max_position_embeddings=source.max_position_embeddings, base=rope_base)
+    return model.float().eval()
+
+
+@contextmanager
+def patched(*targets):
+    """Set (object, attribute, value) triples while inside; put the old values back after."""
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in targets]
+    for obj, name, value in targets:
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
+def hf_prune(copy_dir: Path, model, token_ids: torch.Tensor, switches: str) -> list[list[str]]:
+    """hf_prune.py as a script, `--device cpu --eval_device cpu --num_examples N <switches>`, on
+    `model` (the official modeling file's, pruned in place); returns each importance call's members
+    (module name and handler), in the order the official group lists them."""
+    import LLMPruner.datasets.example_samples as examples
+    import LLMPruner.evaluator.ppl as ppl
+    import transformers
+    from LLMPruner.pruner import hf_llama_pruner
+
+    names = {module: name for name, module in model.named_modules()}
+    groups: list[list[str]] = []
+
+    def spy(cls):
+        call = cls.__call__
+
+        def recorded(self, group, *args, **kwargs):
+            groups.append([f"{names.get(dep.target.module, '?')}:{dep.handler.__name__}" for dep, _ in group])
+            return call(self, group, *args, **kwargs)
+        return recorded
+
+    def examples_stub(dataset, tokenizer, n_samples, seq_len=128):
+        assert dataset == "bookcorpus" and n_samples == token_ids.shape[0] and seq_len == token_ids.shape[1]
+        return token_ids.clone()
+
+    argv = ["hf_prune.py", "--base_model", "smollm2-135m-multi-head", "--device", "cpu", "--eval_device", "cpu",
+            "--num_examples", str(token_ids.shape[0]), *switches.split(), "--save_ckpt_log_name", "official"]
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    from LLMPruner.models.hf_llama import modeling_llama
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="llm-pruner-run-") as work, patched(
+            (modeling_llama.LlamaForCausalLM, "from_pretrained", classmethod(lambda cls, *a, **k: model)),
+            (transformers.LlamaTokenizer, "from_pretrained", classmethod(lambda cls, *a, **k: types.SimpleNamespace())),
+            (examples, "get_examples", examples_stub), (ppl, "PPLMetric", lambda *a, **k: {}),
+            (torch.cuda, "empty_cache", lambda: None), (torch.cuda, "memory_allocated", lambda *a, **k: 0),
+            (hf_llama_pruner.TaylorImportance, "__call__", spy(hf_llama_pruner.TaylorImportance)),
+            (hf_llama_pruner.MagnitudeImportance, "__call__", spy(hf_llama_pruner.MagnitudeImportance)),
+            (sys, "argv", argv)):
+        os.chdir(work)
+        try:
+            runpy.run_path(str(copy_dir / "hf_prune.py"), run_name="__main__")
+        finally:
+            os.chdir(cwd)
+            for handler in root.handlers[:]:
+                if handler not in handlers:
+                    root.removeHandler(handler)
+    return groups
+
+
+@contextmanager
+def llm_pruner_copy(repo: Path) -> Iterator[Path]:
+    """hf_prune.py and the LLMPruner package as committed, importable while inside; the ChatGLM and
+    Baichuan model packages (imported by `LLMPruner/models/__init__.py`, never used by the LLaMA
+    path; their tokenizers need sentencepiece and transformers 4) are empty modules."""
+    with tempfile.TemporaryDirectory(prefix="llm-pruner-official-") as folder, importable(Path(folder)):
+        copy_files(repo, official_files(repo), Path(folder))
+        for name in LLM_PRUNER_UNUSED:
+            sys.modules[name] = types.ModuleType(name)
+        try:
+            yield Path(folder)
+        finally:
+            for name in [n for n in sys.modules if n == "LLMPruner" or n.startswith("LLMPruner.")]:
+                del sys.modules[name]
+
+
+def run_llm_pruner(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
+    """`hf_prune.py --device cpu --eval_device cpu --num_examples N <switches>` (e.g. `--block_wise
+    --pruning_ratio 0.25 --pruner_type taylor --taylor param_first --block_attention_layer_start 0
+    ...`) on a model of the official modeling file holding `model`'s (multi-head, float32)
+    weights, its rotary embedding built with `model`'s rope base (`official_model`); the pruned
+    decoder layers (the official file's modules) then replace `model`'s. `tokenizer` is unused (the
+    calibration is `token_ids`, of the official seq_len 64)."""
+    del tokenizer
+    rope_base = model.config.rope_parameters["rope_theta"]
+    with llm_pruner_copy(repo) as folder:
+        from LLMPruner.models.hf_llama import modeling_llama  # noqa: PLC0415  (from the copy)
+
+        official = official_model(modeling_llama, model, rope_base)
+        start = time.perf_counter()
+        hf_prune(folder, official, token_ids, switches)
+        seconds = time.perf_counter() - start
+    model.model.layers = official.model.layers
+    return seconds
+
+
 #: method -> its official runner
 RUNNERS = {"wanda": run_wanda, "ria": run_ria, "dsnot": run_dsnot, "dlp": run_dlp, "alps": run_alps,
-           "flap": run_flap}
+           "flap": run_flap, "llm_pruner": run_llm_pruner}

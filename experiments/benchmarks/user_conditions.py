@@ -69,6 +69,11 @@ class Case:
 #: the width cases: FLAP's main.py loads float16, and faithful_width.py's calibration (seqlen 128, main.py's)
 WIDTH = {"width": True, "dtype": "float16", "nsamples": 16, "seqlen": 128}
 FLAP_RATIO = "--pruning_ratio 0.2 --remove_heads -1"  # scripts/llama_7b.sh's
+#: LLM-Pruner's block-wise cases: hf_prune.py on the CPU keeps float32; its 10 examples of 64 tokens
+LLM_PRUNER = {"width": True, "nsamples": 10, "seqlen": 64}
+LLM_PRUNER_ALL = ("--block_wise --pruning_ratio 0.25 --block_attention_layer_start 0 --block_attention_layer_end 30 "
+                  "--block_mlp_layer_start 0 --block_mlp_layer_end 30")  # the README's flags, every layer
+LLM_PRUNER_OURS = {"method": "llm_pruner", "ratio": 0.25, "layer_start": 0, "layer_end": None, "batch_size": 10}
 
 CASES = [
     Case("locuslab_wanda_50", "wanda", "--prune_method wanda", {"method": "wanda"}),
@@ -103,11 +108,15 @@ CASES = [
     Case("wanda_sp", "flap", f"--prune_method wanda_sp {FLAP_RATIO}", {"method": "wanda_sp", "ratio": 0.2}, **WIDTH),
     Case("magnitude_sp", "flap", f"--prune_method mag_sp {FLAP_RATIO}", {"method": "magnitude_sp", "ratio": 0.2},
          **WIDTH),
+    Case("llm_pruner_taylor", "llm_pruner", f"{LLM_PRUNER_ALL} --pruner_type taylor --taylor param_first",
+         {**LLM_PRUNER_OURS, "importance": "taylor", "taylor": "param_first"}, **LLM_PRUNER),
+    Case("llm_pruner_l2", "llm_pruner", f"{LLM_PRUNER_ALL} --pruner_type l2",
+         {**LLM_PRUNER_OURS, "importance": "l2"}, **LLM_PRUNER),
 ]
 BY_NAME = {case.name: case for case in CASES}
 #: official_runs.RUNNERS key -> the repository and script whose command line `Case.official` is
 SCRIPTS = {"wanda": "locuslab/wanda main.py", "ria": "RIA main.py", "dsnot": "DSnoT main.py", "dlp": "DLP run.py",
-           "alps": "ALPS llama.py", "flap": "FLAP main.py"}
+           "alps": "ALPS llama.py", "flap": "FLAP main.py", "llm_pruner": "LLM-Pruner hf_prune.py"}
 MODES = {"inprocess": "one process, deep copies", "process-1t": "own processes, 1 thread",
          "process-2t": "own processes, 2 threads"}
 
