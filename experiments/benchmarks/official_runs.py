@@ -432,6 +432,106 @@ def run_llm_pruner(repo: Path, model, tokenizer, token_ids: torch.Tensor, switch
     return seconds
 
 
+# ---- SliceGPT (microsoft/TransformerCompression, experiments/run_slicegpt.py's slicing steps)
+
+SLICEGPT_ROUND_INTERVAL = 8  # run_slicegpt.py --round-interval
+SLICEGPT_SEED = 0  # np.random.seed before rotate_and_slice (the script never seeds it; prunelab's seed)
+
+
+def slicegpt_files(repo: Path) -> list[str]:
+    """Every file of the official `src/slicegpt` package, as committed at HEAD."""
+    return subprocess.run(["git", "--git-dir", str(repo), "ls-tree", "-r", "--name-only", "HEAD", "src/slicegpt"],
+                          check=True, capture_output=True, text=True).stdout.split()
+
+
+def ml_collections_stub() -> types.ModuleType:
+    """`ml_collections` (imported by `slicegpt/config.py` for a `ConfigDict`, not installed here):
+    a stub whose `ConfigDict` is an attribute namespace."""
+    module = types.ModuleType("ml_collections")
+    module.ConfigDict = type("ConfigDict", (types.SimpleNamespace,), {})
+    return module
+
+
+def transformers5_hooks(model) -> list:
+    """Forward hooks on the official (compressed) layers for transformers 5: each attention's
+    (output, weights) gets a third value, `None` (the official layer unpacks 3: transformers 4.41's
+    cache), and each layer's 1-tuple output becomes its element (the hidden states transformers 5's
+    `LlamaModel` expects). Their handles."""
+    def three_outputs(_attention, _args, output):
+        return (*output, None) if isinstance(output, tuple) and len(output) == 2 else output
+
+    def hidden_states(_layer, _args, output):
+        return output[0] if isinstance(output, tuple) else output
+
+    handles = []
+    for layer in model.model.layers:
+        handles.append(layer.self_attn.register_forward_hook(three_outputs))
+        handles.append(layer.register_forward_hook(hidden_states))
+    return handles
+
+
+def slicegpt_loader(token_ids: torch.Tensor, batch_size: int):
+    """The calibration ids as `data_utils.prepare_dataloader`'s batches (input_ids, attention_mask,
+    labels), in order."""
+    from torch.utils.data import DataLoader
+
+    rows = [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()} for ids in token_ids]
+    return DataLoader(rows, batch_size=batch_size)
+
+
+def slicegpt_slice(model, token_ids: torch.Tensor, sparsity: float, orientation: str, batch_size: int) -> float:
+    """run_slicegpt.py's steps on `model` (a Llama, in place) with the official package importable:
+    `LlamaModelAdapter` with what `_from_pretrained` and `hf_utils.get_model_and_tokenizer` set
+    (`--dtype fp32`, `model.seqlen`, eval, no cache), `replace_layers`, `fuse_modules`, d =
+    int((1 - sparsity) * hidden) minus d % 8 in a `ConstSlicingScheduler`, `np.random.seed(0)`, then
+    `rotate_and_slice` (its default `apply_mask`). The transformers 5 hooks stay on the model (its
+    forward needs them). Returns the seconds from `replace_layers` on."""
+    import numpy as np
+    from slicegpt import layernorm_fusion, rotate
+    from slicegpt.adapters.llama_adapter import LlamaModelAdapter
+    from slicegpt.slicing_scheduler import ConstSlicingScheduler
+
+    model.config.torch_dtype = torch.float32
+    adapter = LlamaModelAdapter(model)
+    model.seqlen = model.config.max_position_embeddings
+    model.eval()
+    adapter.use_cache = False
+    loader = slicegpt_loader(token_ids, batch_size)
+    start = time.perf_counter()
+    layernorm_fusion.replace_layers(adapter)
+    transformers5_hooks(model)
+    layernorm_fusion.fuse_modules(adapter)
+    model.original_param_count = sum(int(p.nelement()) for p in model.parameters())  # the script's count
+    dim = int((1 - sparsity) * adapter.hidden_size)
+    dim -= dim % SLICEGPT_ROUND_INTERVAL
+    np.random.seed(SLICEGPT_SEED)
+    rotate.rotate_and_slice(adapter, loader, ConstSlicingScheduler(dim), final_orientation=orientation)
+    return time.perf_counter() - start
+
+
+@contextmanager
+def slicegpt_copy(repo: Path) -> Iterator[Path]:
+    """The official `src/slicegpt` package as committed, importable while inside (with the
+    `ml_collections` stub: `config.device` is then the CPU, as the official code picks without CUDA)."""
+    with tempfile.TemporaryDirectory(prefix="slicegpt-official-") as folder:
+        official_copy(repo, slicegpt_files(repo), Path(folder))
+        sys.modules.setdefault("ml_collections", ml_collections_stub())
+        with importable(Path(folder) / "src"):
+            yield Path(folder)
+
+
+def run_slicegpt(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
+    """`run_slicegpt.py --dtype fp32 <switches>` (`--sparsity 0.25 --final-orientation pca
+    --cal-batch-size 16`; its round interval 8) replayed with the official library functions on
+    `model` (its Llama adapter takes only meta-llama names, and the script downloads its data):
+    `slicegpt_slice`. The sliced model keeps the official compressed layers and their hooks."""
+    del tokenizer
+    with slicegpt_copy(repo):
+        return slicegpt_slice(model, token_ids, float(switch(switches, "--sparsity", "0.0")),
+                              switch(switches, "--final-orientation", "random"),
+                              int(switch(switches, "--cal-batch-size", "16")))
+
+
 #: method -> its official runner
 RUNNERS = {"wanda": run_wanda, "ria": run_ria, "dsnot": run_dsnot, "dlp": run_dlp, "alps": run_alps,
-           "flap": run_flap, "llm_pruner": run_llm_pruner}
+           "flap": run_flap, "llm_pruner": run_llm_pruner, "slicegpt": run_slicegpt}

@@ -21,11 +21,17 @@ both sides as token ids. The width cases (FLAP's repository: FLAP, Wanda-sp, mag
 that model's exact multi-head rewrite (the official code knows no key/value groups), which this
 script builds once with prunelab (`models.width.to_multi_head`) and saves beside the calibration
 ids, loaded by both sides with `from_pretrained(folder, dtype=torch.float16)` as FLAP's main.py
-loads its model, with FLAP's calibration size, 16 x 128 tokens (`faithful_width.py`'s).
+loads its model, with FLAP's calibration size, 16 x 128 tokens (`faithful_width.py`'s). LLM-Pruner's
+block-wise cases (hf_prune.py run as a script, `official_runs.run_llm_pruner`) use the same rewrite
+in float32 on hf_prune.py's 10 x 64 tokens. The SliceGPT case (run_slicegpt.py's slicing steps with
+the official library functions, `official_runs.run_slicegpt`) slices the folder's model itself and
+compares every state-dict tensor by name, the parameter counts and each side's perplexity on 4
+held-out realtext windows of 512 tokens (`official_slicegpt.py`'s).
 Rows go to the CSV as they finish, and a rerun skips the rows it has.
 
     python experiments/benchmarks/user_conditions.py --repo ria=/work/.mirror/<ria>/repo \\
-        --repo dsnot=... --repo dlp=... --repo alps=... --repo flap=... [--cases ria_unstructured,...] \\
+        --repo dsnot=... --repo dlp=... --repo alps=... --repo flap=... --repo llm_pruner=... \\
+        --repo slicegpt=... --repo wanda=... [--cases ria_unstructured,...] [--layers 8] \\
         [--modes process-1t,process-2t,inprocess] --out results/benchmarks
     python experiments/benchmarks/user_conditions.py --render-only --out results/benchmarks
 """
@@ -61,6 +67,7 @@ class Case:
     layers: int | None = None  # the first N decoder layers only (ALPS: an hour a side for all 30)
     weights: bool = False  # also compare the kept weights (methods that refit them)
     width: bool = False  # cuts heads and channels: compare the kept units, weights and biases
+    sliced: bool = False  # rotates and slices the hidden width (SliceGPT): compare every tensor and the perplexity
     dtype: str = "float32"  # what both sides load the folder in (float32: plain from_pretrained)
     nsamples: int = 32  # the calibration: realtext, nsamples x seqlen tokens, seed 0
     seqlen: int = 256
@@ -74,6 +81,8 @@ LLM_PRUNER = {"width": True, "nsamples": 10, "seqlen": 64}
 LLM_PRUNER_ALL = ("--block_wise --pruning_ratio 0.25 --block_attention_layer_start 0 --block_attention_layer_end 30 "
                   "--block_mlp_layer_start 0 --block_mlp_layer_end 30")  # the README's flags, every layer
 LLM_PRUNER_OURS = {"method": "llm_pruner", "ratio": 0.25, "layer_start": 0, "layer_end": None, "batch_size": 10}
+#: held-out windows each side's perplexity is measured on in the sliced cases (official_slicegpt.py's)
+EVAL_WINDOWS, EVAL_SEQLEN = 4, 512
 
 CASES = [
     Case("locuslab_wanda_50", "wanda", "--prune_method wanda", {"method": "wanda"}),
@@ -89,6 +98,8 @@ CASES = [
     Case("wanda_dsnot_50", "dsnot", "--initial_method wanda", {"method": "wanda", "refine": "dsnot"}),
     Case("wanda_dsnot_2of4", "dsnot", "--initial_method wanda --sparsity_type 2:4",
          {"method": "wanda", "refine": "dsnot", "sparsity_type": "2:4"}),
+    Case("magnitude_dsnot_50", "dsnot", "--initial_method magnitude",
+         {"method": "magnitude", "group": "row", "ties": "exact", "refine": "dsnot"}),
     Case("wanda_dlp_70", "dlp", "--prune_method wanda_dlp --sparsity_ratio 0.7",
          {"method": "wanda", "allocation": "dlp", "sparsity": 0.7}),
     Case("wanda_dlp_50", "dlp", "--prune_method wanda_dlp --sparsity_ratio 0.5",
@@ -112,11 +123,15 @@ CASES = [
          {**LLM_PRUNER_OURS, "importance": "taylor", "taylor": "param_first"}, **LLM_PRUNER),
     Case("llm_pruner_l2", "llm_pruner", f"{LLM_PRUNER_ALL} --pruner_type l2",
          {**LLM_PRUNER_OURS, "importance": "l2"}, **LLM_PRUNER),
+    Case("slicegpt_pca_25", "slicegpt", "--dtype fp32 --sparsity 0.25 --final-orientation pca --cal-batch-size 16",
+         {"method": "slicegpt", "sparsity": 0.25, "final_orientation": "pca", "seed": 0,
+          "calibration_batch_size": 16}, sliced=True),
 ]
 BY_NAME = {case.name: case for case in CASES}
 #: official_runs.RUNNERS key -> the repository and script whose command line `Case.official` is
 SCRIPTS = {"wanda": "locuslab/wanda main.py", "ria": "RIA main.py", "dsnot": "DSnoT main.py", "dlp": "DLP run.py",
-           "alps": "ALPS llama.py", "flap": "FLAP main.py", "llm_pruner": "LLM-Pruner hf_prune.py"}
+           "alps": "ALPS llama.py", "flap": "FLAP main.py", "llm_pruner": "LLM-Pruner hf_prune.py",
+           "slicegpt": "TransformerCompression run_slicegpt.py"}
 MODES = {"inprocess": "one process, deep copies", "process-1t": "own processes, 1 thread",
          "process-2t": "own processes, 2 threads"}
 
@@ -178,8 +193,24 @@ def width_state(model, dense) -> dict[str, Any]:
                       sum(layer.mlp.gate_proj.out_features for layer in dense.model.layers))}
 
 
-def side_state(case: Case, model, dense) -> dict[str, Any]:
-    """What the parent compares: the width state, or the zero patterns (and weights)."""
+@torch.no_grad()
+def sliced_state(model, windows: torch.Tensor) -> dict[str, Any]:
+    """A sliced model's every state-dict tensor, its parameter count, its summed token NLL (float64)
+    on the held-out `windows` ([W, T]) and its logits on the first window."""
+    nll, first = 0.0, None
+    for window in windows:
+        logits = model(input_ids=window[None]).logits[0]
+        nll += torch.nn.functional.cross_entropy(logits[:-1].double(), window[1:], reduction="sum").item()
+        first = logits.clone() if first is None else first
+    return {"tensors": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "params": sum(int(p.nelement()) for p in model.parameters()),
+            "ppl": float(torch.tensor(nll / (windows.shape[0] * (windows.shape[1] - 1))).exp()), "logits": first}
+
+
+def side_state(case: Case, model, dense, windows: torch.Tensor | None = None) -> dict[str, Any]:
+    """What the parent compares: the sliced or width state, or the zero patterns (and weights)."""
+    if case.sliced:
+        return sliced_state(model, windows)
     return width_state(model, dense) if case.width else linear_state(model, case.weights)
 
 
@@ -203,6 +234,7 @@ def child(args: argparse.Namespace) -> None:
     case, token_ids = BY_NAME[args.case], torch.load(args.ids)
     case = at_most(case, args.layers)
     model, tokenizer = load_plain(args.folder, case.layers, case.dtype)
+    windows = torch.load(args.windows) if case.sliced else None
     out: dict[str, Any] = {}
     if args.side == "official":
         dense = copy.deepcopy(model) if case.width else None  # to read the kept units back
@@ -210,19 +242,19 @@ def child(args: argparse.Namespace) -> None:
         loaded = sorted(name for name in sys.modules if name.split(".")[0] == "prunelab")
         if loaded:
             raise SystemExit(f"the official side imported prunelab: {loaded[:3]}")
-        out["official"] = side_state(case, model, dense)
+        out["official"] = side_state(case, model, dense, windows)
     elif args.side == "prunelab":
         dense = copy.deepcopy(model) if case.width else None
         out["prunelab_seconds"] = run_prunelab_side(case, model, tokenizer, token_ids)
-        out["prunelab"] = side_state(case, model, dense)
+        out["prunelab"] = side_state(case, model, dense, windows)
     else:  # both, in this one process, on deep copies
         official = copy.deepcopy(model)
         out["official_seconds"] = run_official_side(case, args.repo, official, tokenizer, token_ids)
-        out["official"] = side_state(case, official, model)
+        out["official"] = side_state(case, official, model, windows)
         del official
         ours = copy.deepcopy(model)
         out["prunelab_seconds"] = run_prunelab_side(case, ours, tokenizer, token_ids)
-        out["prunelab"] = side_state(case, ours, model)
+        out["prunelab"] = side_state(case, ours, model, windows)
     out["threads"] = torch.get_num_threads()
     torch.save(out, args.out)
 
@@ -277,12 +309,30 @@ def calibration_ids(folder: Path, nsamples: int, seqlen: int) -> Path:
     return ids
 
 
-def spawn(side: str, case: Case, mode: str, folder: Path, ids: Path, repo: Path, workdir: Path) -> dict:
+def eval_windows(folder: Path) -> Path:
+    """A file with the held-out windows the sliced cases' perplexity is measured on: prunelab's
+    realtext evaluation split, EVAL_WINDOWS windows of EVAL_SEQLEN tokens spread over it (as
+    official_slicegpt.py measures it), drawn with `folder`'s tokenizer."""
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    from prunelab.data.tokens import eval_token_stream  # noqa: PLC0415
+    from prunelab.evaluation.perplexity import selected_windows  # noqa: PLC0415
+
+    name = folder.name.removeprefix("prunelab_user_conditions_")
+    path = Path(tempfile.gettempdir()) / f"prunelab_user_conditions_{name}_windows_{EVAL_WINDOWS}x{EVAL_SEQLEN}.pt"
+    stream = eval_token_stream("realtext", AutoTokenizer.from_pretrained(folder), EVAL_SEQLEN)
+    torch.save(selected_windows(stream, EVAL_SEQLEN, EVAL_WINDOWS, "spread"), path)
+    return path
+
+
+def spawn(side: str, case: Case, mode: str, folder: Path, ids: Path, repo: Path, workdir: Path,
+          windows: Path | None = None) -> dict:
     threads = 2 if mode == "process-2t" else 1
     out = workdir / f"{case.name}-{mode}-{side}.pt"
     command = [sys.executable, __file__, "--child", side, "--case", case.name, "--threads", str(threads),
                *(["--layers", str(case.layers)] if case.layers else []),
-               "--folder", str(folder), "--ids", str(ids), "--repo", str(repo), "--child-out", str(out)]
+               "--folder", str(folder), "--ids", str(ids), "--repo", str(repo), "--child-out", str(out),
+               *(["--windows", str(windows)] if windows else [])]
     env = {**os.environ, "PYTHONHASHSEED": "random"}
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
     result = torch.load(out)
@@ -341,6 +391,21 @@ def compare_width(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any
             "max_abs_dW": max_dw, "max_abs_dbias": max_db, "first_differing": "; ".join(first[:3])}
 
 
+def compare_sliced(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    """State-dict tensors that differ (by name; inf where names or shapes differ), the largest
+    weight difference, both parameter counts and perplexities, the largest logit difference."""
+    a, b = ours["tensors"], theirs["tensors"]
+    names = sorted(set(a) | set(b))
+    diffs = {k: (float("inf") if k not in a or k not in b or a[k].shape != b[k].shape
+                 else float((a[k].double() - b[k].double()).abs().max())) for k in names}
+    differing = [k for k in names if diffs[k] != 0]
+    return {"tensors": len(names), "tensors_differing": len(differing), "max_abs_dW": max(diffs.values()),
+            "params_prunelab": ours["params"], "params_official": theirs["params"],
+            "ppl_prunelab": ours["ppl"], "ppl_official": theirs["ppl"],
+            "max_abs_dlogits": float((ours["logits"] - theirs["logits"]).abs().max()),
+            "first_differing": ", ".join(differing[:3])}
+
+
 def folder_label(folder: Path) -> str:
     """The model's name as its config gives it (a converted GGUF folder is named by a hash);
     `multi-head` where every query head has its own key/value head (the width cases' rewrite)."""
@@ -349,15 +414,16 @@ def folder_label(folder: Path) -> str:
     return label + (" multi-head" if config.get("num_key_value_heads") == config.get("num_attention_heads") else "")
 
 
-def measure(case: Case, mode: str, folder: Path, ids: Path, repo: Path) -> dict[str, Any]:
+def measure(case: Case, mode: str, folder: Path, ids: Path, repo: Path, windows: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as workdir:
         if mode == "inprocess":
-            both = spawn("both", case, mode, folder, ids, repo, Path(workdir))
+            both = spawn("both", case, mode, folder, ids, repo, Path(workdir), windows)
             official, ours = both, both
         else:
-            official = spawn("official", case, mode, folder, ids, repo, Path(workdir))
-            ours = spawn("prunelab", case, mode, folder, ids, repo, Path(workdir))
-    differences = (compare_width if case.width else compare)(ours["prunelab"], official["official"])
+            official = spawn("official", case, mode, folder, ids, repo, Path(workdir), windows)
+            ours = spawn("prunelab", case, mode, folder, ids, repo, Path(workdir), windows)
+    comparison = compare_sliced if case.sliced else compare_width if case.width else compare
+    differences = comparison(ours["prunelab"], official["official"])
     row = {"model": folder_label(folder), "case": case.name, "method": case.method, "official": case.official,
            "prunelab": json.dumps(case.prunelab), "layers": case.layers or "all", "mode": mode,
            **differences, "threads": ours["threads"],
@@ -400,6 +466,10 @@ def render(table, header: str) -> str:
     import pandas as pd
 
     def cell(row) -> str:
+        if pd.notna(getattr(row, "tensors", float("nan"))):  # a sliced row: every tensor, the perplexity
+            dppl = abs(row.ppl_prunelab - row.ppl_official)
+            return (f"{int(row.tensors_differing)} / {int(row.tensors)} tensors, "
+                    f"|dppl| {'0' if dppl == 0 else f'{dppl:.2g}'}")
         if pd.notna(getattr(row, "heads", float("nan"))):  # a width row: the units kept by one side only
             return (f"{int(row.heads_differing)} / {int(row.heads)} heads, "
                     f"{int(row.channels_differing):,} / {int(row.channels):,} channels")
@@ -431,7 +501,8 @@ def render(table, header: str) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", action="append", default=[], metavar="METHOD=GITDIR",
-                        help="git dir of a fetched official repository: wanda=, ria=, dsnot=, dlp=, alps=, flap=")
+                        help="git dir of a fetched official repository: wanda=, ria=, dsnot=, dlp=, alps=, flap=, "
+                             "llm_pruner=, slicegpt=")
     parser.add_argument("--cases", default=",".join(BY_NAME), help="comma-separated case names")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
@@ -447,6 +518,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--ids", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--windows", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.side = args.child
     return args
@@ -479,15 +551,18 @@ def main(argv=None) -> None:
                 continue
             folder = multi_head_folder(base) if case.width else base
             ids, model = calibration_ids(folder, case.nsamples, case.seqlen), folder_label(folder)
+            windows = eval_windows(folder) if case.sliced else None
             for mode in args.modes.split(","):
                 if ((done["model"] == model) & (done["case"] == name) & (done["mode"] == mode)).any():
                     continue
                 try:
-                    row = measure(case, mode, folder, ids, Path(repos[case.method]))
+                    row = measure(case, mode, folder, ids, Path(repos[case.method]), windows)
                 except subprocess.CalledProcessError as err:  # the others still run; a rerun retries it
                     print(f"{name} [{mode}]: a side failed (exit {err.returncode}); not recorded", flush=True)
                     continue
-                found = (f"{row['heads_differing']} heads, {row['channels_differing']} channels differ (max |dW| "
+                found = (f"{row['tensors_differing']} of {row['tensors']} tensors differ (max |dW| {row['max_abs_dW']:.3g}, "
+                         f"ppl {row['ppl_prunelab']:.4f} vs {row['ppl_official']:.4f}" if case.sliced else
+                         f"{row['heads_differing']} heads, {row['channels_differing']} channels differ (max |dW| "
                          f"{row['max_abs_dW']:.3g}, max |dbias| {row['max_abs_dbias']:.3g}" if case.width else
                          f"{row['linears_differing']} of {row['linears']} linears differ ({row['differing_entries']} entries")
                 print(f"{name} [{mode}]: {found}; {row['seconds_official']:.0f} s official, "
