@@ -3,8 +3,9 @@
 Nothing here imports prunelab: `user_conditions.py` runs these functions in a process of their
 own, on a model loaded by plain `from_pretrained`, the way a user of the official repository runs
 it, and checks afterwards that no prunelab module was loaded. The in-process comparisons
-(`official_ria.py`, `official_dsnot.py`, `official_dlp.py`, `official_alps.py`, `faithful_width.py`)
-call the same functions on a deep copy of prunelab's model.
+(`official_ria.py`, `official_dsnot.py`, `official_dlp.py`, `official_alps.py`, `faithful_width.py`,
+`official_llm_pruner.py`, `official_slicegpt.py`) call the same functions on a deep copy of
+prunelab's model.
 
 Each function prunes `model` in place with the calibration token ids `token_ids` ([N, T]) and
 returns its wall seconds; `repo` is the git dir of the fetched official repository, whose files are

@@ -437,28 +437,42 @@ NOTES = """How to read it: each cell is `linears whose mask differs / linears co
 over the decoder-layer linears of the first `layers` layers (`model` is the folder's model type,
 layer count and hidden size: `llama 30L h576` is SmolLM2-135M, `qwen2 24L h896` Qwen2.5-Coder-0.5B,
 both the dequantized 4-bit GGUFs prunelab converts). `max |dW|` (ALPS and SparseGPT, which refit the
-kept weights) is the largest difference between the two sides' pruned weights in any mode. Modes:
-`one process` runs both sides in one subprocess on deep copies of one `from_pretrained` model;
-`own processes` runs the official code and prunelab each in a fresh process of its own (Python's
-hash seed random in each), each loading the folder with plain `from_pretrained` (float32, default
-attention, nothing set), at 1 or 2 torch threads. The official side is the repository's own
-function (`official_runs.py`), unedited, CPU shims only, and imports no prunelab module (the child
-process checks). The prunelab side is the public API, `prunelab.prune(model, tokenizer, method=...,
-calibration=token_ids, ...)` with the keywords shown. `not run`: a mode not measured for that case
-(the two-thread and one-process modes were run for the settings with a global or iterative decision,
-where an order of summation shows first). The SmolLM2 rows cover the first 8 layers (ALPS its first
-4: about an hour a side for all 30); the in-process tables of `official_ria.md`, `official_dsnot.md`,
-`official_dlp.md` and `official_alps_all_layers.md` cover all 30.
+kept weights, and the width and sliced rows) is the largest difference between the two sides'
+pruned weights in any mode. Modes: `one process` runs both sides in one subprocess on deep copies of
+one `from_pretrained` model; `own processes` runs the official code and prunelab each in a fresh
+process of its own (Python's hash seed random in each), each loading the folder with plain
+`from_pretrained` (float32, default attention, nothing set), at 1 or 2 torch threads. The official
+side is the repository's own function (`official_runs.py`), unedited, CPU shims only, and imports no
+prunelab module (the child process checks). The prunelab side is the public API,
+`prunelab.prune(model, tokenizer, method=..., calibration=token_ids, ...)` with the keywords shown.
+NOT_RUN_NOTE The SmolLM2 rows cover the first 8 layers (ALPS its first 4: about an hour a side for all
+30); the in-process tables of `official_ria.md`, `official_dsnot.md`, `official_dlp.md` and
+`official_alps_all_layers.md` cover all 30. DSnoT's main.py takes `--initial_method wanda`,
+`sparsegpt` or `magnitude` only (its argparse choices), so DSnoT over RIA has no official command to
+compare with; its other real base, magnitude (`magnitude_dsnot_50`: prunelab's `group=row
+ties=exact`, the official per-row |W| mask), is compared instead (its SparseGPT path never
+accumulates the Hessian, README).
 
 The width rows (`multi-head`: SmolLM2-135M's exact multi-head rewrite, 9 heads of 64 and 1,536 MLP
-channels in each of 30 layers, which FLAP's code needs, saved once by prunelab's `to_multi_head`)
-are FLAP's repository's `prune_flap`, `prune_wanda_sp` and `prune_magnitude_sp` at ratio 0.2
-(shimmed as `faithful_width.py` describes), both sides loading the folder in float16 as FLAP's
-main.py does, on 16 x 128 realtext tokens (main.py's seqlen). Their cells read `differing heads /
-heads, differing channels / channels`: units kept by one side only, summed over the layers; `max
-|dW|` and `max |dbias|` are the largest differences of any decoder-layer weight and of the o_proj
-and down_proj biases (FLAP's compensation; the official side's zero biases for Wanda-sp and
+channels in each of 30 layers, which FLAP's and LLM-Pruner's code need, saved once by prunelab's
+`to_multi_head`) are FLAP's repository's `prune_flap`, `prune_wanda_sp` and `prune_magnitude_sp` at
+ratio 0.2 (shimmed as `faithful_width.py` describes), both sides loading the folder in float16 as
+FLAP's main.py does, on 16 x 128 realtext tokens (main.py's seqlen), and LLM-Pruner's hf_prune.py
+(run as a script, its README's block-wise flags over every layer, ratio 0.25, on a model of its own
+modeling file holding the folder's float32 weights, as `official_llm_pruner.py` describes) on 10 x
+64 realtext tokens (its `--num_examples 10`, seq_len 64). Their cells read `differing heads / heads,
+differing channels / channels`: units kept by one side only, summed over the layers; `max |dW|` and
+`max |dbias|` are the largest differences of any decoder-layer weight and of the o_proj and
+down_proj biases (FLAP's compensation; the official side's zero biases for Wanda-sp and
 magnitude-sp, a missing bias counted as zeros) after pruning, in any mode: 0 is bit-identical.
+
+The SliceGPT row is run_slicegpt.py's slicing steps (`--dtype fp32`, the official library's
+`replace_layers`, `fuse_modules`, `rotate_and_slice`, transformers 5 hooks outside its files, as
+`official_slicegpt.py` describes) on all 30 layers of the folder's model, 32 x 256 tokens in
+batches of 16. Its cells read `tensors that differ / tensors of the sliced model's state dict`
+(compared by name: embeddings, q/k/v/o, gate/up/down, both shortcut matrices of each layer, the
+head) and the difference of the two sides' perplexities on 4 windows of 512 held-out realtext
+tokens; the parameter counts and the logits on the first window are compared too (the CSV).
 """
 
 
@@ -534,7 +548,8 @@ def main(argv=None) -> None:
 
     csv = args.out / "official_user_conditions.csv"
     header = ("prunelab against the official code as users run both: models from `from_pretrained`, "
-              "realtext calibration 32 x 256 tokens (seed 0), fp32 (the width rows: 16 x 128 tokens, float16), "
+              "realtext calibration 32 x 256 tokens (seed 0), fp32 (FLAP's rows: 16 x 128 tokens, float16; "
+              "LLM-Pruner's: 10 x 64), "
               f"CPU ({torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}")
     if not args.render_only:
         repos = dict(item.split("=", 1) for item in args.repo)
