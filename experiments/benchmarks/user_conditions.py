@@ -446,7 +446,7 @@ side is the repository's own function (`official_runs.py`), unedited, CPU shims 
 prunelab module (the child process checks). The prunelab side is the public API,
 `prunelab.prune(model, tokenizer, method=..., calibration=token_ids, ...)` with the keywords shown.
 `not run`: a mode not measured (the Qwen2.5 rows ran in own processes at one thread only: its
-SparseGPT takes about 23 minutes a side; ALPS 2:4 at two threads is still to run). The SmolLM2 sparse rows cover the first 8 layers (ALPS its
+SparseGPT takes about 23 minutes a side). The SmolLM2 sparse rows cover the first 8 layers (ALPS its
 first 4: about an hour a side for all 30); the in-process tables of `official_ria.md`,
 `official_dsnot.md`, `official_dlp.md` and `official_alps_all_layers.md` cover all 30. DSnoT's main.py takes `--initial_method wanda`,
 `sparsegpt` or `magnitude` only (its argparse choices), so DSnoT over RIA has no official command to
