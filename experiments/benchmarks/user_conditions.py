@@ -484,7 +484,7 @@ def render(table, header: str) -> str:
         if pd.notna(getattr(row, "tensors", float("nan"))):  # a sliced row: every tensor, the perplexity
             dppl = abs(row.ppl_prunelab - row.ppl_official)
             return (f"{int(row.tensors_differing)} / {int(row.tensors)} tensors, "
-                    f"|dppl| {'0' if dppl == 0 else f'{dppl:.2g}'}")
+                    f"ppl difference {'0' if dppl == 0 else f'{dppl:.2g}'}")
         if pd.notna(getattr(row, "heads", float("nan"))):  # a width row: the units kept by one side only
             return (f"{int(row.heads_differing)} / {int(row.heads)} heads, "
                     f"{int(row.channels_differing):,} / {int(row.channels):,} channels")
