@@ -2,8 +2,9 @@
 
 The official code (CASIA-IVA-Lab/FLAP `lib/prune.py`: prune_flap, prune_wanda_sp,
 prune_magnitude_sp) is multi-head only and written for CUDA, float16 and transformers 4. It runs
-here from a temporary copy of `lib/prune.py` and `lib/layerwrapper.py` (read from the fetched
-mirror with `git show`, never edited) with these shims, all outside its files:
+through `official_runs.run_flap` (prunelab-free, shared with `user_conditions.py`): a temporary copy
+of `lib/prune.py` and `lib/layerwrapper.py` (read from the fetched mirror with `git show`, never
+edited) with these shims, all outside its files:
 - `lib.data.get_loaders` is a stub module returning prunelab's calibration token ids;
 - `torch.cuda.empty_cache` is a no-op and `Tensor.cuda` the identity (CPU build);
 - each decoder layer gets a forward pre-hook computing `position_embeddings` from the model's
@@ -36,10 +37,7 @@ import copy
 import platform
 import subprocess
 import sys
-import tempfile
 import time
-import types
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -50,13 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `o
 from oracles.compare import load_smollm2, realtext_calibration  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from official_code import cpu_shims, importable, official_copy  # noqa: E402
+from official_code import differing, kept_units  # noqa: E402
+from official_runs import run_flap  # noqa: E402
 
 import prunelab  # noqa: E402
 from prunelab.models.adapter import ModelAdapter  # noqa: E402
 from prunelab.models.width import to_multi_head  # noqa: E402
 
-OFFICIAL_FILES = ("lib/prune.py", "lib/layerwrapper.py")
 METHODS = {"flap": "flap", "wanda_sp": "wanda_sp", "magnitude_sp": "mag_sp"}  # prunelab -> official
 COLUMNS = {"method": "method", "official": "official", "ratio": "ratio", "heads_kept": "heads kept",
            "channels_kept": "channels kept", "differing_heads": "differing heads",
@@ -65,67 +63,10 @@ COLUMNS = {"method": "method", "official": "official", "ratio": "ratio", "heads_
            "seconds_prunelab": "prunelab s", "seconds_official": "official s"}
 
 
-@contextmanager
-def flap_shims(model, head_dim: int, prune_file: str):
-    """What FLAP's code needs beyond `official_code.cpu_shims` (see the module doc): each
-    attention's `num_heads`, and the hard-coded head size 128 read as the model's."""
-    for layer in model.model.layers:
-        layer.self_attn.num_heads = layer.self_attn.q_proj.out_features // head_dim
-    saved = torch.Tensor.reshape, torch.Tensor.repeat_interleave
-    reshape, repeat = saved
-
-    def from_official() -> bool:
-        return sys._getframe(2).f_code.co_filename == prune_file
-
-    def head_size_reshape(self, *shape):
-        if from_official() and shape and shape[-1] == 128:
-            shape = (*shape[:-1], head_dim)
-        return reshape(self, *shape)
-
-    def head_size_repeat(self, repeats, *args, **kwargs):
-        if from_official() and repeats == 128:
-            repeats = head_dim
-        return repeat(self, repeats, *args, **kwargs)
-
-    torch.Tensor.reshape = head_size_reshape
-    torch.Tensor.repeat_interleave = head_size_repeat
-    try:
-        yield
-    finally:
-        torch.Tensor.reshape, torch.Tensor.repeat_interleave = saved
-
-
-def run_official(copy_dir: Path, method: str, model, tokenizer, token_ids: torch.Tensor, ratio: float,
-                 head_dim: int) -> None:
-    """The official pruning function on `model` (pruned in place), its published arguments."""
-    for layer in model.model.layers:  # main.py's get_llm: a zero bias on o_proj and down_proj
-        for linear in (layer.self_attn.o_proj, layer.mlp.down_proj):
-            linear.bias = torch.nn.Parameter(torch.zeros(linear.out_features, dtype=linear.weight.dtype))
-    with importable(copy_dir), cpu_shims(model, token_ids), \
-            flap_shims(model, head_dim, str(copy_dir / "lib" / "prune.py")):
-        from lib import prune as official  # noqa: PLC0415  (imported inside the shims: its lib.data)
-
-        args = types.SimpleNamespace(nsamples=token_ids.shape[0], seed=0, pruning_ratio=ratio,
-                                     remove_heads=-1, metrics="WIFV", structure="AL-AM", unstr=False)
-        function = {"flap": official.prune_flap, "wanda_sp": official.prune_wanda_sp,
-                    "mag_sp": official.prune_magnitude_sp}[method]
-        function(args, model, tokenizer, torch.device("cpu"))
-
-
-def kept_rows(pruned: torch.Tensor, dense: torch.Tensor) -> list[int]:
-    """Index in `dense` ([n, C]) of each row of `pruned` ([k, C]), matched exactly."""
-    where = {row.numpy().tobytes(): i for i, row in enumerate(dense)}
-    return [where[row.numpy().tobytes()] for row in pruned]
-
-
-def kept_units(model, dense, head_dim: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Per layer, the kept heads (from q_proj's rows) and channels (from gate_proj's)."""
-    heads, channels = [], []
-    for layer, dense_layer in zip(model.model.layers, dense.model.layers):
-        rows = kept_rows(layer.self_attn.q_proj.weight.data, dense_layer.self_attn.q_proj.weight.data)
-        heads.append(sorted({r // head_dim for r in rows}))
-        channels.append(kept_rows(layer.mlp.gate_proj.weight.data, dense_layer.mlp.gate_proj.weight.data))
-    return heads, channels
+def flap_switches(method: str, ratio: float) -> str:
+    """main.py's switches for the official method name `method` at `ratio`, as scripts/llama_7b.sh
+    gives them (`--remove_heads -1`; WIFV and AL-AM, unused by wanda_sp and mag_sp)."""
+    return f"--prune_method {method} --pruning_ratio {ratio} --remove_heads -1 --metrics WIFV --structure AL-AM"
 
 
 def largest_differences(ours, official) -> tuple[float, float]:
@@ -150,11 +91,6 @@ def largest_bias(model) -> float:
     """The largest |bias| of o_proj and down_proj (FLAP's compensation; zeros otherwise)."""
     return max(linear.bias.abs().max().item() for layer in model.model.layers
                for linear in (layer.self_attn.o_proj, layer.mlp.down_proj) if linear.bias is not None)
-
-
-def differing(ours: list[list[int]], theirs: list[list[int]]) -> int:
-    """Units kept by one side and not the other, summed over layers."""
-    return sum(len(set(a) ^ set(b)) for a, b in zip(ours, theirs))
 
 
 NOTES = """How to read it: the multi-head rewrite has 9 heads in each of 30 layers (270) and 1,536 MLP
@@ -237,34 +173,30 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     kept = pd.read_csv(csv) if csv.exists() and set(args.methods) != set(METHODS) else None
     rows = kept[~kept["method"].isin(args.methods)].to_dict("records") if kept is not None else []
-    with tempfile.TemporaryDirectory(prefix="flap-official-") as tmp:
-        copy_dir = official_copy(args.flap_repo, OFFICIAL_FILES, Path(tmp))
-        for method in args.methods:
-            ours = copy.deepcopy(dense)
-            start = time.perf_counter()
-            report = prunelab.prune(ours, tokenizer, method=method, calibration=token_ids, ratio=args.ratio,
-                                    progress=False)
-            seconds_ours = time.perf_counter() - start
-            theirs = copy.deepcopy(dense)
-            start = time.perf_counter()
-            run_official(copy_dir, METHODS[method], theirs, tokenizer, token_ids, args.ratio, head_dim)
-            seconds_theirs = time.perf_counter() - start
-            heads, channels = kept_units(ours, dense, head_dim)
-            their_heads, their_channels = kept_units(theirs, dense, head_dim)
-            dw, db = largest_differences(ours, theirs)
-            rows.append({"method": method, "official": METHODS[method], "ratio": args.ratio,
-                         "heads_kept": sum(map(len, heads)), "channels_kept": sum(map(len, channels)),
-                         "differing_heads": differing(heads, their_heads),
-                         "differing_channels": differing(channels, their_channels),
-                         "max_abs_dW": dw, "max_abs_dbias": db, "max_abs_bias": largest_bias(theirs),
-                         "params_removed": report["pruning"]["width"]["params_removed"],
-                         "seconds_prunelab": seconds_ours, "seconds_official": seconds_theirs})
-            print(rows[-1], flush=True)
-            del ours, theirs
-            order = list(METHODS)  # the table in method order whatever was re-measured
-            table = pd.DataFrame(rows).sort_values("method", key=lambda c: c.map(order.index), kind="stable")
-            table.to_csv(csv, index=False)
-            md.write_text(render(table, header))
+    for method in args.methods:
+        ours = copy.deepcopy(dense)
+        start = time.perf_counter()
+        report = prunelab.prune(ours, tokenizer, method=method, calibration=token_ids, ratio=args.ratio,
+                                progress=False)
+        seconds_ours = time.perf_counter() - start
+        theirs = copy.deepcopy(dense)
+        seconds_theirs = run_flap(args.flap_repo, theirs, tokenizer, token_ids, flap_switches(METHODS[method], args.ratio))
+        heads, channels = kept_units(ours, dense, head_dim)
+        their_heads, their_channels = kept_units(theirs, dense, head_dim)
+        dw, db = largest_differences(ours, theirs)
+        rows.append({"method": method, "official": METHODS[method], "ratio": args.ratio,
+                     "heads_kept": sum(map(len, heads)), "channels_kept": sum(map(len, channels)),
+                     "differing_heads": differing(heads, their_heads),
+                     "differing_channels": differing(channels, their_channels),
+                     "max_abs_dW": dw, "max_abs_dbias": db, "max_abs_bias": largest_bias(theirs),
+                     "params_removed": report["pruning"]["width"]["params_removed"],
+                     "seconds_prunelab": seconds_ours, "seconds_official": seconds_theirs})
+        print(rows[-1], flush=True)
+        del ours, theirs
+        order = list(METHODS)  # the table in method order whatever was re-measured
+        table = pd.DataFrame(rows).sort_values("method", key=lambda c: c.map(order.index), kind="stable")
+        table.to_csv(csv, index=False)
+        md.write_text(render(table, header))
     print(md.read_text())
     return 0
 

@@ -12,6 +12,9 @@ outside, never by editing them:
   rotary embedding when absent (transformers 5 layers need it; the official loops pass
   `position_ids` only);
 - `model.seqlen` and `model.hf_device_map` (`{}`: one device) are set, as their `get_llm` does.
+
+A width-pruned model's kept heads and channels are read back here too (`kept_units`), by matching
+its rows to the dense model's: the official width code returns no masks.
 """
 
 from __future__ import annotations
@@ -96,6 +99,28 @@ def importable(folder: Path) -> Iterator[None]:
         yield
     finally:
         sys.path.remove(str(folder))
+
+
+def kept_rows(pruned: torch.Tensor, dense: torch.Tensor) -> list[int]:
+    """Index in `dense` ([n, C]) of each row of `pruned` ([k, C]), matched exactly."""
+    where = {row.numpy().tobytes(): i for i, row in enumerate(dense)}
+    return [where[row.numpy().tobytes()] for row in pruned]
+
+
+def kept_units(model, dense, head_dim: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Per layer, the kept heads (from q_proj's rows) and channels (from gate_proj's) of a
+    width-pruned `model` against the `dense` model it was pruned from."""
+    heads, channels = [], []
+    for layer, dense_layer in zip(model.model.layers, dense.model.layers):
+        rows = kept_rows(layer.self_attn.q_proj.weight.data, dense_layer.self_attn.q_proj.weight.data)
+        heads.append(sorted({r // head_dim for r in rows}))
+        channels.append(kept_rows(layer.mlp.gate_proj.weight.data, dense_layer.mlp.gate_proj.weight.data))
+    return heads, channels
+
+
+def differing(ours: list[list[int]], theirs: list[list[int]]) -> int:
+    """Units kept by one side and not the other, summed over layers."""
+    return sum(len(set(a) ^ set(b)) for a, b in zip(ours, theirs))
 
 
 def comparison_parser(description: str, repo_option: str) -> argparse.ArgumentParser:

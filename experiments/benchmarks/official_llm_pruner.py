@@ -34,16 +34,9 @@ kept row of q_proj and gate_proj matched to its dense row).
 from __future__ import annotations
 
 import copy
-import logging
-import os
 import platform
-import runpy
-import subprocess
 import sys
-import tempfile
 import time
-import types
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -53,9 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `o
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from faithful_width import (  # noqa: E402
-    differing, kept_units, largest_differences, multi_head_setup, width_comparison_parser, width_table_markdown,
+    largest_differences, multi_head_setup, width_comparison_parser, width_table_markdown,
 )
-from official_code import importable, render_committed  # noqa: E402
+from official_code import differing, kept_units, render_committed  # noqa: E402
+from official_runs import hf_prune, llm_pruner_copy, official_model  # noqa: E402
 
 import prunelab  # noqa: E402
 
@@ -72,117 +66,17 @@ SETTINGS = {  # row -> (official --pruner_type, --taylor, prunelab keywords)
 }
 ALL_LAYERS = dict(layer_start=0, layer_end=None)
 EXTRA_START = "\nThe official modeling file"  # the measured lines after the notes
-UNUSED_PACKAGES = ("LLMPruner.models.hf_chatglm", "LLMPruner.models.hf_baichuan")
 COLUMNS = {"setting": "setting", "ratio": "ratio", "layers": "pruned layers", "heads_kept": "heads kept", "channels_kept": "channels kept",
            "differing_heads": "differing heads", "differing_channels": "differing channels",
            "max_abs_dW": "max abs dW", "params_removed": "params removed", "seconds_prunelab": "prunelab s",
            "seconds_official": "official s"}
 
 
-def official_files(repo: Path) -> list[str]:
-    """hf_prune.py and every file of the LLMPruner package, as committed at HEAD."""
-    names = subprocess.run(["git", "--git-dir", str(repo), "ls-tree", "-r", "--name-only", "HEAD", "LLMPruner"],
-                           check=True, capture_output=True, text=True).stdout.split()
-    return ["hf_prune.py", *names]
-
-
-def copy_files(repo: Path, files: list[str], into: Path) -> None:
-    for name in files:
-        blob = subprocess.run(["git", "--git-dir", str(repo), "show", f"HEAD:{name}"], check=True,
-                              capture_output=True).stdout
-        (into / name).parent.mkdir(parents=True, exist_ok=True)
-        (into / name).write_bytes(blob)
-
-
-def official_model(modeling, dense, rope_base: float):
-    """The official modeling file's LlamaForCausalLM holding `dense`'s (multi-head) weights, its
-    rotary embeddings rebuilt with `rope_base` by the same file's class."""
-    from transformers import LlamaConfig
-
-    source = dense.config
-    config = LlamaConfig(vocab_size=source.vocab_size, hidden_size=source.hidden_size,
-                         intermediate_size=source.intermediate_size, num_hidden_layers=source.num_hidden_layers,
-                         num_attention_heads=source.num_attention_heads,
-                         num_key_value_heads=source.num_attention_heads, hidden_act=source.hidden_act,
-                         max_position_embeddings=source.max_position_embeddings, rms_norm_eps=source.rms_norm_eps,
-                         pad_token_id=source.pad_token_id, tie_word_embeddings=False)
-    model = modeling.LlamaForCausalLM(config)
-    state = dict(dense.state_dict())
-    state.setdefault("lm_head.weight", dense.get_output_embeddings().weight)  # tied: the same values
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert all("rotary_emb" in k for k in missing + unexpected), (missing, unexpected)
-    head_dim = source.hidden_size // source.num_attention_heads
-    for layer in model.model.layers:
-        layer.self_attn.rotary_emb = modeling.LlamaRotaryEmbedding(
-            head_dim, max_position_embeddings=source.max_position_embeddings, base=rope_base)
-    return model.float().eval()
-
-
-@contextmanager
-def patched(*targets):
-    """Set (object, attribute, value) triples while inside; put the old values back after."""
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in targets]
-    for obj, name, value in targets:
-        setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for obj, name, value in saved:
-            setattr(obj, name, value)
-
-
-def run_official(copy_dir: Path, model, token_ids: torch.Tensor, ratio: float, pruner: str, taylor: str,
-                 layers: range) -> list[list[str]]:
-    """hf_prune.py as a script on `model` (pruned in place); returns each importance call's
-    members (module name and handler), in the order the official group lists them."""
-    import transformers
-
-    import LLMPruner.datasets.example_samples as examples
-    import LLMPruner.evaluator.ppl as ppl
-    from LLMPruner.pruner import hf_llama_pruner
-
-    names = {module: name for name, module in model.named_modules()}
-    groups: list[list[str]] = []
-
-    def spy(cls):
-        call = cls.__call__
-
-        def recorded(self, group, *args, **kwargs):
-            groups.append([f"{names.get(dep.target.module, '?')}:{dep.handler.__name__}" for dep, _ in group])
-            return call(self, group, *args, **kwargs)
-        return recorded
-
-    def examples_stub(dataset, tokenizer, n_samples, seq_len=128):
-        assert dataset == "bookcorpus" and n_samples == token_ids.shape[0] and seq_len == token_ids.shape[1]
-        return token_ids.clone()
-
-    argv = ["hf_prune.py", "--base_model", "smollm2-135m-multi-head", "--pruning_ratio", str(ratio),
-            "--device", "cpu", "--eval_device", "cpu", "--block_wise",
-            "--block_attention_layer_start", str(layers.start), "--block_attention_layer_end", str(layers.stop),
-            "--block_mlp_layer_start", str(layers.start), "--block_mlp_layer_end", str(layers.stop),
-            "--pruner_type", pruner, "--taylor", taylor, "--num_examples", str(token_ids.shape[0]),
-            "--save_ckpt_log_name", f"official_{pruner}_{taylor}"]
-    root = logging.getLogger()
-    handlers = list(root.handlers)
-    from LLMPruner.models.hf_llama import modeling_llama
-    cwd = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="llm-pruner-run-") as work, patched(
-            (modeling_llama.LlamaForCausalLM, "from_pretrained", classmethod(lambda cls, *a, **k: model)),
-            (transformers.LlamaTokenizer, "from_pretrained", classmethod(lambda cls, *a, **k: types.SimpleNamespace())),
-            (examples, "get_examples", examples_stub), (ppl, "PPLMetric", lambda *a, **k: {}),
-            (torch.cuda, "empty_cache", lambda: None), (torch.cuda, "memory_allocated", lambda *a, **k: 0),
-            (hf_llama_pruner.TaylorImportance, "__call__", spy(hf_llama_pruner.TaylorImportance)),
-            (hf_llama_pruner.MagnitudeImportance, "__call__", spy(hf_llama_pruner.MagnitudeImportance)),
-            (sys, "argv", argv)):
-        os.chdir(work)
-        try:
-            runpy.run_path(str(copy_dir / "hf_prune.py"), run_name="__main__")
-        finally:
-            os.chdir(cwd)
-            for handler in root.handlers[:]:
-                if handler not in handlers:
-                    root.removeHandler(handler)
-    return groups
+def official_switches(ratio: float, pruner: str, taylor: str, layers: range) -> str:
+    """hf_prune.py's switches: the README's block-wise LLaMA flags with this layer range."""
+    return (f"--pruning_ratio {ratio} --block_wise --block_attention_layer_start {layers.start} "
+            f"--block_attention_layer_end {layers.stop} --block_mlp_layer_start {layers.start} "
+            f"--block_mlp_layer_end {layers.stop} --pruner_type {pruner} --taylor {taylor}")
 
 
 NOTES = """How to read it: the multi-head rewrite has 9 heads in each of 30 layers (270) and 1,536 MLP
@@ -227,10 +121,7 @@ def main() -> int:
               f"{torch.__version__}, {args.threads} thread(s)")
     args.out.mkdir(parents=True, exist_ok=True)
     rows, extra = [], ""
-    with tempfile.TemporaryDirectory(prefix="llm-pruner-official-") as tmp, importable(Path(tmp)):
-        copy_files(args.repo, official_files(args.repo), Path(tmp))
-        for name in UNUSED_PACKAGES:  # never touched by the LLaMA path; their transformers 4 imports fail
-            sys.modules[name] = types.ModuleType(name)
+    with llm_pruner_copy(args.repo) as tmp:
         from LLMPruner.models.hf_llama import modeling_llama  # noqa: PLC0415  (from the copy)
 
         with torch.no_grad():
@@ -250,8 +141,8 @@ def main() -> int:
             seconds_ours = time.perf_counter() - start
             theirs = official_model(modeling_llama, dense, rope_base)
             start = time.perf_counter()
-            groups = run_official(Path(tmp), theirs, token_ids, args.ratio, pruner, taylor,
-                                  range(layers[0], layers[-1] + 1))
+            groups = hf_prune(tmp, theirs, token_ids,
+                              official_switches(args.ratio, pruner, taylor, range(layers[0], layers[-1] + 1)))
             seconds_theirs = time.perf_counter() - start
             heads, channels = kept_units(ours, dense, head_dim)
             their_heads, their_channels = kept_units(theirs, dense, head_dim)

@@ -5,7 +5,8 @@ The official `run_slicegpt.py` cannot load SmolLM2 (its Llama adapter accepts on
 starting `meta-llama/Llama-2` or `meta-llama/Meta-Llama-3`, and it downloads wikitext2), so its
 steps are replayed here with the official library functions, from a temporary copy of the
 `src/slicegpt` package (read from the fetched mirror with `git show`, never edited), on a deep copy
-of the dense model prunelab loads (`smollm2_135m`, float32):
+of the dense model prunelab loads (`smollm2_135m`, float32), by `official_runs.slicegpt_slice`
+(which `user_conditions.py` runs too):
 - `adapters.llama_adapter.LlamaModelAdapter(model)` with what `_from_pretrained` and
   `hf_utils.get_model_and_tokenizer` set (`config.torch_dtype` float32, i.e. `--dtype fp32`;
   `model.seqlen`; `eval()`; `use_cache = False`);
@@ -52,21 +53,18 @@ import math
 import platform
 import subprocess
 import sys
-import tempfile
 import time
-import types
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
-from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the `oracles` package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from official_code import SECONDS_NOTE, comparison_parser, importable, official_copy, render_committed  # noqa: E402
+from official_code import SECONDS_NOTE, comparison_parser, render_committed  # noqa: E402
+from official_runs import slicegpt_copy, slicegpt_slice  # noqa: E402
 from oracles.compare import load_smollm2, realtext_calibration  # noqa: E402
 
 import prunelab  # noqa: E402
@@ -75,7 +73,6 @@ from prunelab.evaluation.perplexity import selected_windows  # noqa: E402
 from prunelab.pruning import slicegpt as prunelab_slicegpt  # noqa: E402
 
 REPO = Path("/work/.mirror/microsoft+TransformerCompression/repo")
-ROUND_INTERVAL = 8  # run_slicegpt.py --round-interval
 OFFICIAL_BATCH = 16  # run_slicegpt.py --cal-batch-size
 SEED = 0  # prunelab's run seed; np.random.seed(SEED) before the official run
 #: row -> (sparsity, final orientation, prunelab's calibration batch size)
@@ -92,33 +89,6 @@ COLUMNS = {"setting": "setting", "kept_dim": "kept d", "shapes_equal": "shapes e
            "ppl_prunelab": "ppl prunelab", "ppl_official": "ppl official",
            "params_prunelab": "params prunelab", "params_official": "params official",
            "seconds_prunelab": "prunelab s", "seconds_official": "official s"}
-
-
-def official_files(repo: Path) -> list[str]:
-    """Every file of the official `src/slicegpt` package, as committed at HEAD."""
-    return subprocess.run(["git", "--git-dir", str(repo), "ls-tree", "-r", "--name-only", "HEAD", "src/slicegpt"],
-                          check=True, capture_output=True, text=True).stdout.split()
-
-
-def ml_collections_stub() -> types.ModuleType:
-    module = types.ModuleType("ml_collections")
-    module.ConfigDict = type("ConfigDict", (types.SimpleNamespace,), {})
-    return module
-
-
-def transformers5_hooks(model) -> list:
-    """The forward hooks of the module doc on the official (compressed) layers; their handles."""
-    def three_outputs(_attention, _args, output):
-        return (*output, None) if isinstance(output, tuple) and len(output) == 2 else output
-
-    def hidden_states(_layer, _args, output):
-        return output[0] if isinstance(output, tuple) else output
-
-    handles = []
-    for layer in model.model.layers:
-        handles.append(layer.self_attn.register_forward_hook(three_outputs))
-        handles.append(layer.register_forward_hook(hidden_states))
-    return handles
 
 
 @contextmanager
@@ -152,36 +122,14 @@ def eigenvector_difference(ours: list[tuple], theirs: list[tuple]) -> tuple[int,
     return total, flipped, largest
 
 
-def calibration_loader(token_ids: torch.Tensor, batch_size: int) -> DataLoader:
-    """The calibration ids as `prepare_dataloader`'s batches (input_ids, attention_mask, labels), in order."""
-    rows = [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()} for ids in token_ids]
-    return DataLoader(rows, batch_size=batch_size)
-
-
 def run_official(model, token_ids: torch.Tensor, sparsity: float, orientation: str):
-    """run_slicegpt.py's slicing steps on `model` (in place); (seconds, eigenvalues, adapter, hooks)."""
-    from slicegpt import layernorm_fusion, rotate  # noqa: PLC0415  (from the temporary copy)
-    from slicegpt.adapters.llama_adapter import LlamaModelAdapter  # noqa: PLC0415
-    from slicegpt.slicing_scheduler import ConstSlicingScheduler  # noqa: PLC0415
+    """run_slicegpt.py's slicing steps on `model` (in place, `official_runs.slicegpt_slice`);
+    (seconds, the eigenvalues and eigenvectors of each PCA)."""
+    from slicegpt import rotate  # noqa: PLC0415  (from the temporary copy)
 
-    model.config.torch_dtype = torch.float32  # LlamaModelAdapter._from_pretrained, --dtype fp32
-    adapter = LlamaModelAdapter(model)
-    model.seqlen = model.config.max_position_embeddings  # hf_utils.get_model_and_tokenizer
-    model.eval()
-    adapter.use_cache = False
-    loader = calibration_loader(token_ids, OFFICIAL_BATCH)
-    start = time.perf_counter()
-    layernorm_fusion.replace_layers(adapter)
-    hooks = transformers5_hooks(model)
-    layernorm_fusion.fuse_modules(adapter)
-    model.original_param_count = sum(int(p.nelement()) for p in model.parameters())  # the script's count
-    dim = int((1 - sparsity) * adapter.hidden_size)
-    dim -= dim % ROUND_INTERVAL
-    scheduler = ConstSlicingScheduler(dim)
-    np.random.seed(SEED)
     with spy_on_pca(rotate) as pcas:
-        rotate.rotate_and_slice(adapter, loader, scheduler, final_orientation=orientation)
-    return time.perf_counter() - start, pcas, adapter, hooks
+        seconds = slicegpt_slice(model, token_ids, sparsity, orientation, OFFICIAL_BATCH)
+    return seconds, pcas
 
 
 def max_relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -311,53 +259,50 @@ def main() -> int:
               f"torch {torch.__version__}, {args.threads} thread(s)")
     args.out.mkdir(parents=True, exist_ok=True)
     rows, extra, official_runs = [], f"{EXTRA_START}: dense perplexity {dense_ppl:.4f} on the same windows.\n", {}
-    with tempfile.TemporaryDirectory(prefix="slicegpt-official-") as tmp:
-        official_copy(args.repo, official_files(args.repo), Path(tmp))
-        sys.modules.setdefault("ml_collections", ml_collections_stub())
-        with importable(Path(tmp) / "src"):
-            for setting in args.settings:
-                sparsity, orientation, batch_size = SETTINGS[setting]
-                key = (sparsity, orientation)
-                if key not in official_runs:
-                    theirs = copy.deepcopy(dense)
-                    seconds_theirs, their_pcas, _, _ = run_official(theirs, token_ids, sparsity, orientation)
-                    their_logits = window_logits(theirs, windows)
-                    official_runs[key] = (theirs, seconds_theirs, their_pcas, their_logits)
-                theirs, seconds_theirs, their_pcas, their_logits = official_runs[key]
-                ours = copy.deepcopy(dense)
-                with spy_on_pca(prunelab_slicegpt) as our_pcas:
-                    start = time.perf_counter()
-                    report = prunelab.prune(ours, tokenizer, method="slicegpt", calibration=token_ids,
-                                            sparsity=sparsity, final_orientation=orientation, seed=SEED,
-                                            calibration_batch_size=batch_size, progress=False)
-                    seconds_ours = time.perf_counter() - start
-                our_logits = window_logits(ours, windows)
-                _, eig_rel = eigenvalue_difference(report["pruning"]["eigenvalues"], their_pcas)
-                vectors, flipped, dQ = eigenvector_difference(our_pcas, their_pcas)
-                states = compare_states(ours, theirs)
-                dims_ours, dims_theirs = kept_dimensions(ours), kept_dimensions(theirs)
-                rows.append({"setting": setting, "sparsity": sparsity, "final_orientation": orientation,
-                             "prunelab_batch": batch_size, "kept_dim": report["pruning"]["width"]["sliced_dimension"],
-                             **states, "eig_max_rel": eig_rel, "eigenvectors": vectors,
-                             "eigenvectors_flipped": flipped, "dQ_max_abs_sign_aligned": dQ,
-                             "shapes_equal": "yes" if states["shapes_equal"] and dims_ours == dims_theirs else "NO",
-                             "dlogits_max_abs": max((a - b).abs().max().item()
-                                                    for a, b in zip(our_logits, their_logits)),
-                             "ppl_prunelab": perplexity(our_logits, windows),
-                             "ppl_official": perplexity(their_logits, windows),
-                             "params_prunelab": report["pruning"]["width"]["parameters_after"],
-                             "params_official": sum(int(p.nelement()) for p in theirs.parameters()),
-                             "params_dense": report["pruning"]["width"]["parameters_before"],
-                             "params_removed_prunelab": report["pruning"]["width"]["params_removed"],
-                             "official_original_param_count": theirs.original_param_count,
-                             "seconds_prunelab": seconds_ours, "seconds_official": seconds_theirs})
-                print(rows[-1], flush=True)
-                del ours, our_logits
-                table = pd.DataFrame(rows)
-                table.to_csv(csv, index=False)
-                md.write_text(render(table, header, extra))
-            extra += difference_note(rows) + orientation_note(official_runs, windows) + parameter_note(rows[0])
+    with slicegpt_copy(args.repo):
+        for setting in args.settings:
+            sparsity, orientation, batch_size = SETTINGS[setting]
+            key = (sparsity, orientation)
+            if key not in official_runs:
+                theirs = copy.deepcopy(dense)
+                seconds_theirs, their_pcas = run_official(theirs, token_ids, sparsity, orientation)
+                their_logits = window_logits(theirs, windows)
+                official_runs[key] = (theirs, seconds_theirs, their_pcas, their_logits)
+            theirs, seconds_theirs, their_pcas, their_logits = official_runs[key]
+            ours = copy.deepcopy(dense)
+            with spy_on_pca(prunelab_slicegpt) as our_pcas:
+                start = time.perf_counter()
+                report = prunelab.prune(ours, tokenizer, method="slicegpt", calibration=token_ids,
+                                        sparsity=sparsity, final_orientation=orientation, seed=SEED,
+                                        calibration_batch_size=batch_size, progress=False)
+                seconds_ours = time.perf_counter() - start
+            our_logits = window_logits(ours, windows)
+            _, eig_rel = eigenvalue_difference(report["pruning"]["eigenvalues"], their_pcas)
+            vectors, flipped, dQ = eigenvector_difference(our_pcas, their_pcas)
+            states = compare_states(ours, theirs)
+            dims_ours, dims_theirs = kept_dimensions(ours), kept_dimensions(theirs)
+            rows.append({"setting": setting, "sparsity": sparsity, "final_orientation": orientation,
+                         "prunelab_batch": batch_size, "kept_dim": report["pruning"]["width"]["sliced_dimension"],
+                         **states, "eig_max_rel": eig_rel, "eigenvectors": vectors,
+                         "eigenvectors_flipped": flipped, "dQ_max_abs_sign_aligned": dQ,
+                         "shapes_equal": "yes" if states["shapes_equal"] and dims_ours == dims_theirs else "NO",
+                         "dlogits_max_abs": max((a - b).abs().max().item()
+                                                for a, b in zip(our_logits, their_logits)),
+                         "ppl_prunelab": perplexity(our_logits, windows),
+                         "ppl_official": perplexity(their_logits, windows),
+                         "params_prunelab": report["pruning"]["width"]["parameters_after"],
+                         "params_official": sum(int(p.nelement()) for p in theirs.parameters()),
+                         "params_dense": report["pruning"]["width"]["parameters_before"],
+                         "params_removed_prunelab": report["pruning"]["width"]["params_removed"],
+                         "official_original_param_count": theirs.original_param_count,
+                         "seconds_prunelab": seconds_ours, "seconds_official": seconds_theirs})
+            print(rows[-1], flush=True)
+            del ours, our_logits
+            table = pd.DataFrame(rows)
+            table.to_csv(csv, index=False)
             md.write_text(render(table, header, extra))
+        extra += difference_note(rows) + orientation_note(official_runs, windows) + parameter_note(rows[0])
+        md.write_text(render(table, header, extra))
     print(md.read_text())
     return 0
 
