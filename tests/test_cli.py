@@ -10,19 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from prunelab.cli import CONF_DIR, build_setup, check_composes, check_overrides, group_options, model_preset
+from prunelab.cli import build_setup, check_composes, check_overrides, group_options, model_preset
 from prunelab.config import compose_config
 from prunelab.errors import ConfigError
 from prunelab.pruning.base import first_stage
 
 GROUPS = ["model", "data", "pruning", "pruning/allocation", "recovery", "evaluation", "tracking", "arm", "sparsity"]
-
-
-def compose_config(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=overrides)
 
 
 def tiny_run_overrides(model_dir: Path, text: Path, tmp: Path) -> list[str]:

@@ -250,15 +250,19 @@ def _request_docs(archive: zipfile.ZipFile, member: str, lines: bool = False) ->
     return [docs[i] for i in sorted(docs)]
 
 
+#: lm-eval's YAML (under lm_eval/tasks/) that defines lambada_openai, whose templates `check_lambada` renders
+LAMBADA_YAML = "lambada/lambada_openai.yaml"
+
+
 def check_lambada(lines: list[dict], docs: list[dict]) -> int:
     """lm-eval's own lambada_openai `doc_to_text` / `doc_to_target`, rendered on each rebuilt doc, give back
     exactly its request line's context and continuation. Returns the number of rows checked."""
     # lm-eval's Jinja environment: the one its `apply_template` renders doc_to_text/doc_to_target with
+    import lm_eval.tasks
+    from lm_eval.tasks._yaml_loader import load_yaml
     from lm_eval.utils import env
 
-    from prunelab.evaluation.benchmark_tasks import lm_eval_config
-
-    config = lm_eval_config("lambada_openai")
+    config = load_yaml(Path(lm_eval.tasks.__file__).parent / LAMBADA_YAML, resolve_func=True)
     text, target = env.from_string(config["doc_to_text"]), env.from_string(config["doc_to_target"])
     for line, doc in zip(lines, docs, strict=True):
         request = line["request"]

@@ -46,7 +46,7 @@ LM_EVAL_YAML = {
     "openbookqa": "openbookqa/openbookqa.yaml",
     "piqa": "piqa/piqa.yaml",
     "copa": "super_glue/copa/default.yaml",
-    "lambada_openai": "lambada/lambada_openai.yaml",
+    "lambada_openai": benchmarks.LAMBADA_YAML,
     **{f"mmlu_{subject}": f"mmlu/default/mmlu_{subject}.yaml" for subject in benchmarks.MMLU_SUBJECTS},
 }
 #: lm-eval groups run as one task: name -> (its YAML, its member tasks in order)

@@ -60,7 +60,7 @@ from prunelab.context import PruneContext, PruneReport
 from prunelab.errors import ConfigError, check_choice
 from prunelab.models.adapter import ModelAdapter
 from prunelab.models.width import check_width_prunable, layer_width, resize_layer
-from prunelab.pruning.parameter_budget import check_fraction, uniform_counts
+from prunelab.pruning.parameter_budget import uniform_counts
 from prunelab.pruning.width import WidthAccount, check_width_settings, unit_costs
 from prunelab.scoring.width import (GROUP_REDUCTIONS, TAYLOR_ORDERS, channel_importance, consecutive_sum,
                                     fold_query_heads, lowest, magnitude_importance, reduce_group,
