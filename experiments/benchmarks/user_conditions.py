@@ -458,6 +458,18 @@ compare with; its other real base, magnitude (`magnitude_dsnot_50`: prunelab's `
 ties=exact`, the official per-row |W| mask), is compared instead (its SparseGPT path never
 accumulates the Hessian, README).
 
+The OWL rows are OWL's main.py with its README's Wanda+OWL flags (`--Lamda 0.08 --Hyper_m 5
+--sparsity_type unstructured`, at `--sparsity_ratio` 0.7 and 0.5; `prune_wanda_outlier`, CPU shims
+only) against `allocation=owl` (conf/pruning/allocation/owl.yaml: `lam` 0.08, `outlier_m` 5, the
+plain mean over layers). OWL, like DLP, allocates across the layers before pruning: on the first 8
+layers both sides load the 8-layer model and compute the outlier ratios and the band over those 8
+(as the DLP rows do), so the comparison covers the allocation as well as the masks. The official
+argparse default is `--Hyper_m 3` (the README runs pass 5); prunelab reproduces it with
+`overrides=["pruning.allocation.outlier_m=3"]`. Two official behaviours prunelab does not copy, off
+these settings: a layer whose sparsity would be <= 0 is pruned at 0.01 there (prunelab refuses the
+setting with a ConfigError), and equal outlier ratios in every layer divide by zero there (NaN
+sparsities; prunelab gives every layer the target).
+
 The width rows (`multi-head`: SmolLM2-135M's exact multi-head rewrite, 9 heads of 64 and 1,536 MLP
 channels in each of 30 layers, which FLAP's and LLM-Pruner's code need, saved once by prunelab's
 `to_multi_head`) are FLAP's repository's `prune_flap`, `prune_wanda_sp` and `prune_magnitude_sp` at
