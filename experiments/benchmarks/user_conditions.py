@@ -466,8 +466,8 @@ layers both sides load the 8-layer model and compute the outlier ratios and the 
 (as the DLP rows do), so the comparison covers the allocation as well as the masks. The official
 argparse default is `--Hyper_m 3` (the README runs pass 5); prunelab reproduces it with
 `overrides=["pruning.allocation.outlier_m=3"]`. Two official behaviours prunelab does not copy, off
-these settings: a layer whose sparsity would be <= 0 is pruned at 0.01 there (prunelab refuses the
-setting with a ConfigError), and equal outlier ratios in every layer divide by zero there (NaN
+these settings: a layer whose sparsity would be <= 0 is pruned at 0.01 there (prunelab refuses a
+negative one with a ConfigError and leaves one of exactly 0 dense), and equal outlier ratios in every layer divide by zero there (NaN
 sparsities; prunelab gives every layer the target).
 
 The width rows (`multi-head`: SmolLM2-135M's exact multi-head rewrite, 9 heads of 64 and 1,536 MLP
