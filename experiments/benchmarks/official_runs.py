@@ -191,6 +191,40 @@ def run_dlp(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str
             return time.perf_counter() - start
 
 
+# ---- OWL (luuyin/OWL, main.py --prune_method wanda_owl: lib/prune_all.py prune_wanda_outlier)
+
+OWL_FILES = ("lib/prune_all.py", "lib/layerwrapper.py", "lib/sparsegpt.py")
+
+
+def owl_args(switches: str, nsamples: int) -> types.SimpleNamespace:
+    """main.py's arguments for these switches (its argparse defaults otherwise: --Lamda 0.08,
+    --Hyper_m 3; the README's command passes --Hyper_m 5)."""
+    return types.SimpleNamespace(
+        model="smollm2-llama", seed=0, nsamples=nsamples,
+        sparsity_ratio=float(switch(switches, "--sparsity_ratio", "0")),
+        sparsity_type=switch(switches, "--sparsity_type", "unstructured"),
+        prune_method=switch(switches, "--prune_method", "wanda_owl"), use_variant="--use_variant" in switches.split(),
+        Lamda=float(switch(switches, "--Lamda", "0.08")), Hyper_m=float(switch(switches, "--Hyper_m", "3")))
+
+
+def run_owl(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str) -> float:
+    """`main.py --prune_method <wanda_owl|sparsegpt_owl|magnitude_owl> <switches>`: the official
+    outlier ratios of every layer of `model` (a dense pass), then its layer-wise pruning."""
+    args = owl_args(switches, token_ids.shape[0])
+    n, m = nm_of(args.sparsity_type)
+    cpu = torch.device("cpu")
+    with tempfile.TemporaryDirectory() as folder:
+        official_copy(repo, OWL_FILES, Path(folder))
+        with importable(Path(folder)), cpu_shims(model, token_ids):
+            from lib import prune_all  # noqa: PLC0415
+
+            pruner = {"wanda_owl": prune_all.prune_wanda_outlier, "sparsegpt_owl": prune_all.prune_sparsegpt_outlier,
+                      "magnitude_owl": prune_all.prune_mag_outlier}[args.prune_method]
+            start = time.perf_counter()
+            pruner(args, model, tokenizer, cpu, prune_n=n, prune_m=m)
+            return time.perf_counter() - start
+
+
 # ---- ALPS (mazumder-lab/ALPS, llama.py llama_sequential)
 
 ALPS_FILES = ("llama.py", "alps.py", "modelutils.py")
@@ -535,4 +569,4 @@ def run_slicegpt(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches
 
 #: method -> its official runner
 RUNNERS = {"wanda": run_wanda, "ria": run_ria, "dsnot": run_dsnot, "dlp": run_dlp, "alps": run_alps,
-           "flap": run_flap, "llm_pruner": run_llm_pruner, "slicegpt": run_slicegpt}
+           "flap": run_flap, "llm_pruner": run_llm_pruner, "slicegpt": run_slicegpt, "owl": run_owl}

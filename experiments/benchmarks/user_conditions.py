@@ -31,7 +31,7 @@ Rows go to the CSV as they finish, and a rerun skips the rows it has.
 
     python experiments/benchmarks/user_conditions.py --repo ria=/work/.mirror/<ria>/repo \\
         --repo dsnot=... --repo dlp=... --repo alps=... --repo flap=... --repo llm_pruner=... \\
-        --repo slicegpt=... --repo wanda=... [--cases ria_unstructured,...] [--layers 8] \\
+        --repo slicegpt=... --repo wanda=... --repo owl=... [--cases ria_unstructured,...] [--layers 8] \\
         [--modes process-1t,process-2t,inprocess] --out results/benchmarks
     python experiments/benchmarks/user_conditions.py --render-only --out results/benchmarks
 """
@@ -108,6 +108,10 @@ CASES = [
          {"method": "sparsegpt", "allocation": "dlp", "sparsity": 0.7}, weights=True),
     Case("magnitude_dlp_70", "dlp", "--prune_method magnitude_dlp --sparsity_ratio 0.7",
          {"method": "magnitude", "allocation": "dlp", "sparsity": 0.7}),
+    Case("wanda_owl_70", "owl", "--prune_method wanda_owl --Lamda 0.08 --Hyper_m 5 --sparsity_ratio 0.7 "
+         "--sparsity_type unstructured", {"method": "wanda", "allocation": "owl", "sparsity": 0.7}),
+    Case("wanda_owl_50", "owl", "--prune_method wanda_owl --Lamda 0.08 --Hyper_m 5 --sparsity_ratio 0.5 "
+         "--sparsity_type unstructured", {"method": "wanda", "allocation": "owl", "sparsity": 0.5}),
     Case("alps_50", "alps", "sp=0.5 --nm_n 0 --nm_m 0", {"method": "alps", "sparsity": 0.5}, layers=4, weights=True),
     Case("alps_70", "alps", "sp=0.7 --nm_n 0 --nm_m 0", {"method": "alps", "sparsity": 0.7}, layers=4, weights=True),
     Case("alps_2of4", "alps", "sp=0.5 --nm_n 2 --nm_m 4", {"method": "alps", "sparsity_type": "2:4"},
@@ -131,7 +135,7 @@ BY_NAME = {case.name: case for case in CASES}
 #: official_runs.RUNNERS key -> the repository and script whose command line `Case.official` is
 SCRIPTS = {"wanda": "locuslab/wanda main.py", "ria": "RIA main.py", "dsnot": "DSnoT main.py", "dlp": "DLP run.py",
            "alps": "ALPS llama.py", "flap": "FLAP main.py", "llm_pruner": "LLM-Pruner hf_prune.py",
-           "slicegpt": "TransformerCompression run_slicegpt.py"}
+           "slicegpt": "TransformerCompression run_slicegpt.py", "owl": "OWL main.py"}
 MODES = {"inprocess": "one process, deep copies", "process-1t": "own processes, 1 thread",
          "process-2t": "own processes, 2 threads"}
 
@@ -454,6 +458,18 @@ compare with; its other real base, magnitude (`magnitude_dsnot_50`: prunelab's `
 ties=exact`, the official per-row |W| mask), is compared instead (its SparseGPT path never
 accumulates the Hessian, README).
 
+The OWL rows are OWL's main.py with its README's Wanda+OWL flags (`--Lamda 0.08 --Hyper_m 5
+--sparsity_type unstructured`, at `--sparsity_ratio` 0.7 and 0.5; `prune_wanda_outlier`, CPU shims
+only) against `allocation=owl` (conf/pruning/allocation/owl.yaml: `lam` 0.08, `outlier_m` 5, the
+plain mean over layers). OWL, like DLP, allocates across the layers before pruning: on the first 8
+layers both sides load the 8-layer model and compute the outlier ratios and the band over those 8
+(as the DLP rows do), so the comparison covers the allocation as well as the masks. The official
+argparse default is `--Hyper_m 3` (the README runs pass 5); prunelab reproduces it with
+`overrides=["pruning.allocation.outlier_m=3"]`. Two official behaviours prunelab does not copy, off
+these settings: a layer whose sparsity would be <= 0 is pruned at 0.01 there (prunelab refuses a
+negative one with a ConfigError and leaves one of exactly 0 dense), and equal outlier ratios in every layer divide by zero there (NaN
+sparsities; prunelab gives every layer the target).
+
 The width rows (`multi-head`: SmolLM2-135M's exact multi-head rewrite, 9 heads of 64 and 1,536 MLP
 channels in each of 30 layers, which FLAP's and LLM-Pruner's code need, saved once by prunelab's
 `to_multi_head`) are FLAP's repository's `prune_flap`, `prune_wanda_sp` and `prune_magnitude_sp` at
@@ -517,7 +533,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", action="append", default=[], metavar="METHOD=GITDIR",
                         help="git dir of a fetched official repository: wanda=, ria=, dsnot=, dlp=, alps=, flap=, "
-                             "llm_pruner=, slicegpt=")
+                             "llm_pruner=, slicegpt=, owl=")
     parser.add_argument("--cases", default=",".join(BY_NAME), help="comma-separated case names")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--out", type=Path, default=Path("results/benchmarks"))
