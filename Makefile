@@ -83,10 +83,10 @@ MODEL_TABLES = $(wildcard results/$(STUDY)/table.csv $(foreach m,$(BACKBONES) $(
 by-model: setup
 	$(PY) -m prunelab.analysis.by_model $(MODEL_TABLES) --out results/$(STUDY)/by_model.md
 
-## The study on the real backbones only (SmolLM2, Qwen2.5, Gemma 3: those that ran): by_backbone.md
+## The study on the real backbones only (SmolLM2, Qwen2.5, Gemma 3: those that ran): by_backbone.md|png
 by-backbone: setup
 	$(PY) -m prunelab.analysis.by_model $(wildcard $(foreach b,$(BACKBONES),results/$(STUDY)/$(b)/table.csv)) \
-	    --out results/$(STUDY)/by_backbone.md
+	    --out results/$(STUDY)/by_backbone.md --figure results/$(STUDY)/by_backbone.png
 
 clean-venv:
 	rm -rf $(VENV)

@@ -100,3 +100,22 @@ def test_depth_arms_are_named_by_their_scorer_not_by_a_recovery_the_width_arms_s
         "labels.recovery": ["ghosted", "none", "none", "none"],  # before scorer, as in the records
         "labels.scorer": ["block_influence", "sleb", None, None], "is_dense": [False] * 4})
     assert by_model._key_columns(settings) == ["labels.method", "labels.scorer"]
+
+
+def test_the_backbone_figure_has_a_panel_per_model_with_each_models_own_perplexity(tmp_path):
+    testbed, real = tmp_path / "testbed", tmp_path / "real"
+    make_study(testbed, sparsities=(0.5, 0.7))
+    _as_other_model(testbed, real, sparsities=(0.5, 0.7))
+    summaries = [tables.read_summary_csv(_summary(root, tmp_path / f"out_{root.name}")[1])
+                 for root in (testbed, real)]
+    figure = by_model.backbone_figure(summaries)
+    axes = figure.axes
+    assert [axis.get_title() for axis in axes] == [MODEL, REAL]
+    for axis, summary in zip(axes, summaries):  # each panel plots its own model's means
+        uniform = summary[(summary["labels.allocation"] == "uniform") & ~summary["is_dense"].astype(bool)
+                          & summary["metric"].str.startswith("ppl/")].sort_values("labels.sparsity")
+        assert any(list(line.get_ydata()) == list(uniform["mean"]) for line in axis.get_lines())
+    out = tmp_path / "by_model.md"
+    csvs = [str(tmp_path / f"out_{name}" / "table.csv") for name in ("testbed", "real")]
+    assert by_model.main([*csvs, "--out", str(out), "--figure", str(tmp_path / "by_model.png")]) == 0
+    assert (tmp_path / "by_model.png").stat().st_size > 10_000

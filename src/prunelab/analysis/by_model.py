@@ -13,7 +13,10 @@ by their rank (each model's lighter and heavier removal), the counts shown per m
 so a row is filled for every model that ran it.
 
     python -m prunelab.analysis.by_model results/pals/table.csv results/pals/smollm2/table.csv \
-        --out results/pals/by_model.md
+        --out results/pals/by_model.md --figure results/pals/by_model.png
+
+The figure (`backbone_figure`) draws the main metric against the study's ladder (sparsity or layers
+removed), one panel per model, so a dependence on the architecture is visible at a glance.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from prunelab.analysis.plots import LADDER_LABELS, main_metric, plot_metric_vs, save_figure
 from prunelab.analysis.records import LABEL_PREFIX, AnalysisError, label_columns, label_varies
 from prunelab.analysis.render import (choose_decimals, distinguishing_labels, format_change,
                                       format_mean, none_last, p_text, text_of, to_markdown)
@@ -82,6 +86,21 @@ def side_by_side(summaries: Sequence[pd.DataFrame]) -> pd.DataFrame:
                          + ["metric"] + models).fillna("")
 
 
+def backbone_figure(summaries: Sequence[pd.DataFrame], error: str = "std"):
+    """The main metric (perplexity, by its family: each model on its own text) against the first
+    ladder label that varies (sparsity, layers removed), one panel per model, a series per
+    setting, seed std as error bars."""
+    summary = pd.concat(list(summaries), ignore_index=True)
+    summary["metric"] = summary["metric"].map(metric_family)
+    metric = main_metric(summary)
+    settings = summary[(summary["metric"] == metric) & ~summary["is_dense"].astype(bool)]
+    ladder = next((column for column in LADDER_LABELS if column in settings
+                   and pd.to_numeric(settings[column], errors="coerce").notna().any()), None)
+    if ladder is None:
+        raise AnalysisError(f"no numeric {' or '.join(LADDER_LABELS)} to draw {metric} against")
+    return plot_metric_vs(summary, metric, x=ladder, error=error)
+
+
 def _ranks(summary: pd.DataFrame, column: str) -> tuple[pd.Series, dict[str, dict[str, str]]]:
     """Each value's rank among its model's values ("1", "2"...), and rank -> {model: value}."""
     ranks = pd.Series("", index=summary.index, dtype=object)
@@ -135,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("tables", nargs="+", help="table.csv files written by prunelab-aggregate")
     parser.add_argument("--out", required=True, help="markdown file to write")
+    parser.add_argument("--figure", help="also draw the main metric per model (backbone_figure) to this PNG")
     args = parser.parse_args(argv)
     try:
         missing = [path for path in args.tables if not Path(path).is_file()]
@@ -149,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     f"(no {', '.join(sorted(needed - set(summary.columns)))})")
             summaries.append(summary)
         table = side_by_side(summaries)
+        figure = backbone_figure(summaries) if args.figure else None
     except (AnalysisError, ValueError) as error:
         print(f"by_model: error: {error}", file=sys.stderr)
         return 2
@@ -161,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(to_markdown(table, [note]))
     print(f"wrote {args.out}")
+    if figure is not None:
+        print(f"wrote {save_figure(figure, args.figure)}")
     return 0
 
 
