@@ -97,6 +97,16 @@ def test_unknown_baseline_and_metric_errors_list_what_exists(study_dir):
     assert tables.select_metrics(frame, ["ppl/*"]) == [PPL]
 
 
+def test_an_optional_metric_is_left_out_where_the_records_lack_it(study_dir):
+    frame = _frame(study_dir)
+    assert tables.select_metrics(frame, ["ppl/*"], optional=["speedup/*", ACC]) == [PPL, ACC]
+    assert tables.select_metrics(frame, ["ppl/*"], optional=["speedup/*"]) == [PPL]
+    with pytest.raises(records.AnalysisError, match="unknown metric 'speedup/prefill'"):
+        tables.select_metrics(frame, ["speedup/prefill"], optional=[ACC])   # a required one stays required
+    with pytest.raises(records.AnalysisError, match="none of the optional metrics speedup/"):
+        tables.select_metrics(frame, [], optional=["speedup/*"])
+
+
 def test_signature_baseline_and_group_by_labels(sweep_dir):
     frame = _frame(sweep_dir)
     base = signature_for("uniform0.5")

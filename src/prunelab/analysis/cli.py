@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metric", action="append", default=[],
                         help="metric key or pattern, repeatable or comma-separated "
                              "(default: all)")
+    parser.add_argument("--optional-metric", action="append", default=[], metavar="METRIC",
+                        help="like --metric, but left out where the records do not carry it (a "
+                             "study's speed-ups or zero-shot average that some backbones skip)")
     parser.add_argument("--baseline",
                         help="baseline setting: label filters like allocation=uniform[,method=x]"
                              " or a 16-hex signature")
@@ -124,7 +127,7 @@ def _aggregate(args: argparse.Namespace) -> int:
             log.info("--from-table: the table's own comparisons are kept; ignored %s",
                      ", ".join(ignored))
         frame = summary
-        metrics = tables.select_metrics(summary, _split_all(args.metric))
+        metrics = tables.select_metrics(summary, _split_all(args.metric), _split_all(args.optional_metric))
         summary = summary[summary["metric"].isin(metrics)].reset_index(drop=True)
     else:
         loaded = _load(args)
@@ -133,7 +136,7 @@ def _aggregate(args: argparse.Namespace) -> int:
             raise AnalysisError(f"no completed records found in {where} ({loaded.describe()})")
         print(f"{PROG}: {loaded.describe()}", file=sys.stderr)
         frame = records_to_frame(loaded)
-        metrics = tables.select_metrics(frame, _split_all(args.metric))
+        metrics = tables.select_metrics(frame, _split_all(args.metric), _split_all(args.optional_metric))
         summary = tables.build_summary(
             frame, metrics, group_by=_split(args.group_by), baseline=args.baseline,
             match_on=_split(args.match_on) if args.match_on is not None else None,

@@ -59,23 +59,32 @@ def available_metrics(frame: pd.DataFrame) -> list[str]:
     return sorted(frame["metric"].dropna().unique()) if "metric" in frame else []
 
 
-def select_metrics(frame: pd.DataFrame, requested: Sequence[str] | None) -> list[str]:
-    """The requested metric keys (shell-style patterns allowed, e.g. `ppl/*`), or all of them.
+def select_metrics(frame: pd.DataFrame, requested: Sequence[str] | None,
+                   optional: Sequence[str] = ()) -> list[str]:
+    """The requested metric keys (shell-style patterns allowed, e.g. `ppl/*`), or all of them;
+    then the `optional` ones these records carry (a study's speed-ups or zero-shot average, which
+    some backbones' protocols leave out).
 
-    Raises AnalysisError naming the available metrics when a request matches none.
+    Raises AnalysisError naming the available metrics when a request matches none (an optional
+    one is left out instead), or when nothing at all is chosen.
     """
     available = available_metrics(frame)
     if not available:
         raise AnalysisError("the records carry no metrics")
-    if not requested:
+    if not requested and not optional:
         return available
     chosen: list[str] = []
-    for pattern in requested:
+    for pattern in requested or ():
         matches = fnmatch.filter(available, pattern)
         if not matches:
             raise AnalysisError(
                 f"unknown metric {pattern!r}; available: {', '.join(available) or 'none'}")
         chosen += [metric for metric in matches if metric not in chosen]
+    for pattern in optional:
+        chosen += [metric for metric in fnmatch.filter(available, pattern) if metric not in chosen]
+    if not chosen:
+        raise AnalysisError(f"none of the optional metrics {', '.join(optional)} is in these records; "
+                            f"available: {', '.join(available)}")
     return chosen
 
 
