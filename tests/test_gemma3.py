@@ -189,16 +189,48 @@ def test_slicegpt_is_refused_on_gemma_in_one_line(tiny_model_dirs):
     assert "\n" not in str(err.value)
 
 
-def test_the_pipeline_refuses_before_the_dense_evaluation(tiny_model_dirs, text_file, tmp_path, monkeypatch):
+@pytest.mark.parametrize("recovery", ["replaceme", "replaceme_cosine"])
+def test_replaceme_is_refused_on_gemma_in_one_line(tiny_model_dirs, recovery):
+    model, tokenizer = plain(tiny_model_dirs)
+    with pytest.raises(UnsupportedModelError, match=f"^{recovery} cannot repair .*gemma3_text.*post-norm") as err:
+        prunelab.prune(model, tokenizer, method="depth", scorer="block_influence", num_layers=1,
+                       recovery=recovery, calibration=IDS, progress=False)
+    assert "\n" not in str(err.value)
+
+
+def test_why_replaceme_cannot_fold_on_gemma_a_scaled_mlp_output_projection_changes_nothing(tiny_model_dirs):
+    """ReplaceMe folds T into down_proj; Gemma's post-feedforward norm renormalises each token, so even
+    T = 2 I (which doubles the MLP's contribution on Llama) leaves what the MLP adds to the residual as
+    it was, up to the norm's epsilon."""
+    model, _ = plain(tiny_model_dirs)
+    layer = model.model.layers[1]
+    layer.post_feedforward_layernorm.eps = 1e-12  # the tiny model's outputs are small enough for eps to matter
+    seen = []
+    hooks = [layer.mlp.down_proj.register_forward_hook(lambda _m, _a, out: seen.append(("down", out))),
+             layer.post_feedforward_layernorm.register_forward_hook(lambda _m, _a, out: seen.append(("joins", out)))]
+    logits(model)
+    with torch.no_grad():
+        layer.mlp.down_proj.weight.mul_(2.0)
+    logits(model)
+    for hook in hooks:
+        hook.remove()
+    (_, down), (_, joins), (_, down2), (_, joins2) = seen
+    torch.testing.assert_close(down2, 2 * down, rtol=1e-5, atol=1e-6)   # the projection did double
+    torch.testing.assert_close(joins2, joins, rtol=1e-4, atol=1e-5)     # what reaches the residual did not
+
+
+@pytest.mark.parametrize("stage", [["pruning=slicegpt"], ["pruning=depth", "pruning.num_layers=1",
+                                                          "pruning.protect_first=1", "recovery=replaceme"]])
+def test_the_pipeline_refuses_before_the_dense_evaluation(tiny_model_dirs, text_file, tmp_path, monkeypatch, stage):
     from prunelab import pipeline
 
     monkeypatch.setattr(pipeline, "dense_metrics", lambda *a, **k: pytest.fail("the dense model was evaluated"))
     overrides = [f"model.name_or_path={tiny_model_dirs[ARCH]}", "model.device=cpu", "data=local_text",
                  f"data.calibration.paths=[{text_file}]", f"data.eval_paths=[{text_file}]",
                  "data.calibration.nsamples=4", "data.calibration.seqlen=16", "evaluation.perplexity.seqlen=32",
-                 "tracking=none", "runtime.progress=false", "pruning=slicegpt",
+                 "tracking=none", "runtime.progress=false", *stage,
                  f"paths.records_dir={tmp_path / 'records'}", f"paths.cache_dir={tmp_path / 'cache'}"]
-    with pytest.raises(UnsupportedModelError, match="^slicegpt cannot prune"):
+    with pytest.raises(UnsupportedModelError, match="^(slicegpt cannot prune|replaceme cannot repair)"):
         prunelab.run(overrides)
 
 

@@ -365,9 +365,10 @@ def _compute(setup: RunSetup) -> dict[str, Any]:
             clock.peak_device["load"] = loaded_peak  # the process's first stage on the device
         record["memory"] = {"mode": loaded.mode, **(loaded.memory or {})}
         check_calibration_context(setup.data.calibration, loaded.config)
-        check_model = getattr(setup.pruning, "check_model", None)  # a method that cannot prune this model
-        if check_model is not None:  # refuses here, before the dense evaluation and any calibration
-            check_model(loaded.adapter, setup.model.display_name)
+        for stage in (setup.pruning, setup.recovery):  # a method that cannot prune or repair this model
+            check_model = getattr(stage, "check_model", None)  # refuses here, before any evaluation or calibration
+            if check_model is not None:
+                check_model(loaded.adapter, setup.model.display_name)
         if loaded.mode == "streamed":
             check_streamable(setup)
             tokenize_long_texts_in_child(True)  # the encoding's freed heap would count against a data limit

@@ -131,6 +131,13 @@ class ModelAdapter:
         paths = (self.arch.attn_post_norm, self.arch.mlp_post_norm)
         return tuple(layer.get_submodule(p) for p in paths if p)
 
+    @property
+    def mlp_output_joins_residual(self) -> bool:
+        """Whether the MLP output projection's output is added to the residual as it is: False where a
+        post-norm sits between them (Gemma 3), so a linear map folded into that projection would
+        not act linearly on the residual."""
+        return not self.arch.mlp_post_norm
+
     def qk_norms(self, layer: nn.Module) -> tuple[nn.Module, ...]:
         """The per-head query and key norms (Qwen3, Gemma 3); () where there are none."""
         return tuple(layer.get_submodule(p) for p in self.arch.qk_norms)

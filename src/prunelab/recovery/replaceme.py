@@ -10,6 +10,8 @@ For each removed block [s, e), on the UNPRUNED model's calibration tokens:
 Select with `recovery=replaceme` (LSTSQ) or `recovery=replaceme_cosine`. A block starting at
 layer 0 has no MLP before it: ReplaceMe never prunes layer 0 (use `pruning.protect_first=1`).
 The cosine variant keeps M and X_post - Y of every calibration token in memory, as the reference does.
+A model whose MLP output passes a post-norm before the residual (Gemma 3) is refused before any work:
+the fold in step 3 would then be rescaled by that norm, token by token, and no longer be M T.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prunelab.errors import ConfigError
+from prunelab.errors import ConfigError, UnsupportedModelError
+from prunelab.models.adapter import ModelAdapter
+from prunelab.models.width import model_name
 from prunelab.recovery.base import RecoveryContext
 from prunelab.recovery.boundary import calibration_subset, collect, contiguous_blocks, depth_report
 from prunelab.recovery.ghosted import NormalEquations, ridge_solve
@@ -70,6 +74,14 @@ class _ReplaceMe:
             raise ConfigError("recovery.nsamples must be a positive number of sequences or null")
         self.nsamples = nsamples
 
+    def check_model(self, adapter: ModelAdapter, name: str | None = None) -> None:
+        """Refuse a model whose MLP output is normalised before it joins the residual (Gemma 3)."""
+        if not adapter.mlp_output_joins_residual:
+            raise UnsupportedModelError(
+                f"{self.name} cannot repair {model_name(adapter, name)}: its MLP output passes a post-norm "
+                "before the residual, so a transform folded into the MLP output projection is renormalised "
+                "token by token instead of acting as M T; use recovery=linear_patch_r, linear_patch_d or ghosted")
+
     def solve(self, stats: Any, seed: int) -> torch.Tensor:
         raise NotImplementedError
 
@@ -78,6 +90,7 @@ class _ReplaceMe:
 
     def fit(self, ctx: RecoveryContext) -> tuple[list[tuple[int, int]], list[torch.Tensor]]:
         """One T [C, C] (float64) per removed block, from the unpruned model; no change to it."""
+        self.check_model(ctx.prune.loaded.adapter)
         removed, _ = depth_report(ctx, self.name)
         blocks = contiguous_blocks(removed)
         if blocks and blocks[0][0] == 0:
