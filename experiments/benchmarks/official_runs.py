@@ -57,17 +57,25 @@ def run_wanda(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: s
         sparsity_ratio=float(switch(switches, "--sparsity_ratio", "0.5")),
         sparsity_type=switch(switches, "--sparsity_type", "unstructured"),
         prune_method=switch(switches, "--prune_method", "wanda"), use_variant="--use_variant" in switches.split())
-    n, m = nm_of(args.sparsity_type)
-    cpu = torch.device("cpu")
-    with tempfile.TemporaryDirectory() as folder:
-        official_copy(repo, WANDA_FILES, Path(folder))
-        with importable(Path(folder)), cpu_shims(model, token_ids):
-            from lib import prune  # noqa: PLC0415
+    pruners = {"wanda": "prune_wanda", "sparsegpt": "prune_sparsegpt", "magnitude": "prune_magnitude"}
+    return run_lib_pruner(repo, WANDA_FILES, "lib.prune", pruners[args.prune_method], args, model, tokenizer,
+                          token_ids)
 
-            pruner = {"wanda": prune.prune_wanda, "sparsegpt": prune.prune_sparsegpt,
-                      "magnitude": prune.prune_magnitude}[args.prune_method]
+
+def run_lib_pruner(repo: Path, files: tuple[str, ...], module: str, function: str, args: types.SimpleNamespace,
+                   model, tokenizer, token_ids: torch.Tensor) -> float:
+    """The repository's `module.function(args, model, tokenizer, device, prune_n, prune_m)` (the
+    signature Wanda's lib/prune.py set and OWL's lib/prune_all.py keeps), run on the CPU from a copy
+    of `files`; returns its wall time."""
+    import importlib
+
+    n, m = nm_of(args.sparsity_type)
+    with tempfile.TemporaryDirectory() as folder:
+        official_copy(repo, files, Path(folder))
+        with importable(Path(folder)), cpu_shims(model, token_ids):
+            pruner = getattr(importlib.import_module(module), function)
             start = time.perf_counter()
-            pruner(args, model, tokenizer, cpu, prune_n=n, prune_m=m)
+            pruner(args, model, tokenizer, torch.device("cpu"), prune_n=n, prune_m=m)
             return time.perf_counter() - start
 
 
@@ -211,18 +219,10 @@ def run_owl(repo: Path, model, tokenizer, token_ids: torch.Tensor, switches: str
     """`main.py --prune_method <wanda_owl|sparsegpt_owl|magnitude_owl> <switches>`: the official
     outlier ratios of every layer of `model` (a dense pass), then its layer-wise pruning."""
     args = owl_args(switches, token_ids.shape[0])
-    n, m = nm_of(args.sparsity_type)
-    cpu = torch.device("cpu")
-    with tempfile.TemporaryDirectory() as folder:
-        official_copy(repo, OWL_FILES, Path(folder))
-        with importable(Path(folder)), cpu_shims(model, token_ids):
-            from lib import prune_all  # noqa: PLC0415
-
-            pruner = {"wanda_owl": prune_all.prune_wanda_outlier, "sparsegpt_owl": prune_all.prune_sparsegpt_outlier,
-                      "magnitude_owl": prune_all.prune_mag_outlier}[args.prune_method]
-            start = time.perf_counter()
-            pruner(args, model, tokenizer, cpu, prune_n=n, prune_m=m)
-            return time.perf_counter() - start
+    pruners = {"wanda_owl": "prune_wanda_outlier", "sparsegpt_owl": "prune_sparsegpt_outlier",
+               "magnitude_owl": "prune_mag_outlier"}
+    return run_lib_pruner(repo, OWL_FILES, "lib.prune_all", pruners[args.prune_method], args, model, tokenizer,
+                          token_ids)
 
 
 # ---- ALPS (mazumder-lab/ALPS, llama.py llama_sequential)
