@@ -373,15 +373,21 @@ def test_streamed_depth_pruning_equals_resident(arch, scorer, tiny_model_dirs, t
                                                                           progress=False)
 
 
+def _resident_and_streamed_records(tmp_path, overrides: list[str]) -> dict[str, dict]:
+    """The same run resident ("false") and streamed ("true"), each with its own records and cache."""
+    records = {mode: prunelab.run([f"model.streaming={mode}", f"paths.records_dir={tmp_path / mode}",
+                                   f"paths.cache_dir={tmp_path / ('cache_' + mode)}", *overrides])
+               for mode in ("false", "true")}
+    assert records["true"]["memory"]["mode"] == "streamed"
+    return records
+
+
 def test_streamed_run_equals_resident_run_zero_shot_included(tmp_path):
     """The default evaluation (token perplexity and lm-eval's zero-shot, the latter through
     accelerate's offload on the written checkpoint) gives the same numbers streamed."""
     common = ["evaluation.zeroshot.items=40", "evaluation.zeroshot.tasks=[tb_agreement,tb_city]",
               "evaluation.perplexity.max_windows=4", "tracking=none", "runtime.progress=false"]
-    records = {mode: prunelab.run([f"model.streaming={mode}", f"paths.records_dir={tmp_path / mode}",
-                                   f"paths.cache_dir={tmp_path / ('cache_' + mode)}", *common])
-               for mode in ("false", "true")}
-    assert records["true"]["memory"]["mode"] == "streamed"
+    records = _resident_and_streamed_records(tmp_path, common)
     for stage in ("dense", "pruned"):
         want, got = records["false"]["metrics"][stage], records["true"]["metrics"][stage]
         assert set(got) == set(want) and any(key.startswith("zeroshot/") for key in got)
@@ -396,10 +402,7 @@ def test_streamed_zero_shot_with_the_shared_context_scorer_equals_resident(tmp_p
     common = ["evaluation.zeroshot.items=30", "evaluation.zeroshot.tasks=[tb_agreement,tb_city]",
               "evaluation.zeroshot.scorer=shared_context", "evaluation.perplexity.max_windows=2",
               "tracking=none", "runtime.progress=false"]
-    records = {mode: prunelab.run([f"model.streaming={mode}", f"paths.records_dir={tmp_path / mode}",
-                                   f"paths.cache_dir={tmp_path / ('cache_' + mode)}", *common])
-               for mode in ("false", "true")}
-    assert records["true"]["memory"]["mode"] == "streamed"
+    records = _resident_and_streamed_records(tmp_path, common)
     for stage in ("dense", "pruned"):
         want, got = records["false"]["metrics"][stage], records["true"]["metrics"][stage]
         for key in (k for k in want if k.startswith("zeroshot/") and k != "zeroshot/average"):
