@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import prunelab
 from prunelab.errors import ConfigError, UnsupportedModelError
 from prunelab.models import ModelSpec, load_model
-from prunelab.models.adapter import BY_LAYER_TYPE, layer_type_of
+from prunelab.models.adapter import BY_LAYER_TYPE, ModelAdapter, layer_type_of
 
 ARCH = "gemma3_text"
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -203,14 +203,16 @@ def test_why_replaceme_cannot_fold_on_gemma_a_scaled_mlp_output_projection_chang
     T = 2 I (which doubles the MLP's contribution on Llama) leaves what the MLP adds to the residual as
     it was, up to the norm's epsilon."""
     model, _ = plain(tiny_model_dirs)
-    layer = model.model.layers[1]
-    layer.post_feedforward_layernorm.eps = 1e-12  # the tiny model's outputs are small enough for eps to matter
+    adapter = ModelAdapter(model)
+    layer = adapter.layers[1]
+    down_proj, mlp_post_norm = adapter.residual_writers(layer)[1], adapter.post_norms(layer)[1]
+    mlp_post_norm.eps = 1e-12  # the tiny model's outputs are small enough for eps to matter
     seen = []
-    hooks = [layer.mlp.down_proj.register_forward_hook(lambda _m, _a, out: seen.append(("down", out))),
-             layer.post_feedforward_layernorm.register_forward_hook(lambda _m, _a, out: seen.append(("joins", out)))]
+    hooks = [down_proj.register_forward_hook(lambda _m, _a, out: seen.append(("down", out))),
+             mlp_post_norm.register_forward_hook(lambda _m, _a, out: seen.append(("joins", out)))]
     logits(model)
     with torch.no_grad():
-        layer.mlp.down_proj.weight.mul_(2.0)
+        down_proj.weight.mul_(2.0)
     logits(model)
     for hook in hooks:
         hook.remove()

@@ -15,11 +15,13 @@ import torch
 from pydoc_data.topics import topics
 
 import prunelab
+from prunelab.models.adapter import ModelAdapter
 
 
 def main() -> None:
     torch.set_num_threads(1)
     model, tokenizer = prunelab.load("gemma3_270m")
+    adapter = ModelAdapter(model)  # the layer list and final norm, wherever the architecture keeps them
     text = " ".join(list(topics.values())[:40])
     ids = tokenizer(text, return_tensors="pt").input_ids[:, 1:1 + 8 * 128].reshape(8, 128)  # [8, 128]
     seen: dict[str, torch.Tensor] = {}
@@ -29,9 +31,8 @@ def main() -> None:
             seen[key] = (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]).detach()
         return hook
 
-    last = model.model.layers[-1]
-    hooks = [last.register_forward_pre_hook(grab("in"), with_kwargs=True),
-             model.model.norm.register_forward_pre_hook(grab("out"), with_kwargs=True)]
+    hooks = [adapter.layers[-1].register_forward_pre_hook(grab("in"), with_kwargs=True),
+             adapter.final_norm.register_forward_pre_hook(grab("out"), with_kwargs=True)]
     with torch.no_grad():
         dense = model(input_ids=ids, labels=ids).loss
     for hook in hooks:
@@ -41,12 +42,10 @@ def main() -> None:
     scale = (h_out.abs().mean(0) / h_in.abs().mean(0)).float()  # [C]
     print(f"LinearPatch-D scale of the last layer: min {scale.min():.3f}, median {scale.median():.3f}, "
           f"max {scale.max():.3f}")
-    kept = len(model.model.layers) - 1
-    model.model.layers = torch.nn.ModuleList(list(model.model.layers)[:kept])
-    model.config.num_hidden_layers, model.config.layer_types = kept, model.config.layer_types[:kept]
+    adapter.remove_layers([adapter.num_layers - 1])
     with torch.no_grad():
         removed = model(input_ids=ids, labels=ids).loss
-        handle = model.model.norm.register_forward_pre_hook(lambda _m, args: (args[0] * scale.to(args[0].dtype),))
+        handle = adapter.final_norm.register_forward_pre_hook(lambda _m, args: (args[0] * scale.to(args[0].dtype),))
         patched = model(input_ids=ids, labels=ids).loss
         handle.remove()
     print(f"loss (nats per token): dense {dense:.3f}; last layer removed {removed:.3f}; "
