@@ -95,6 +95,10 @@ def interaction_table(frame: pd.DataFrame, metrics: Sequence[str], baseline: str
             row["note"] = f"fewer than two {across}s with two or more paired seeds: no test"
         rows.append(row)
     table = pd.DataFrame(rows)
+    # every model's column before the test's, whichever row first had it (one lacking a setting)
+    models = sorted(diffs[across_column].astype(str).unique())
+    table = table.reindex(columns=["metric", "scale", *setting, *[m for m in models if m in table],
+                                   "F", "p_interaction", "note"])
     tested = table["p_interaction"].notna()
     table["p_holm"] = math.nan
     if tested.any():
