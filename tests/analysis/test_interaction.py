@@ -50,7 +50,6 @@ def test_only_seeds_that_both_ran_are_paired(tmp_path):
     assert sorted(diffs["seed"].unique()) == [1, 2, 3, 4, 5]
 
 
-
 def test_a_model_that_lacks_a_setting_still_has_its_column_before_the_test(tmp_path):
     """A backbone run without one setting (here qwen without dlp, which sorts first) keeps its
     column with the other models', ahead of F and the p-values, and a dash where it did not run."""
@@ -64,6 +63,7 @@ def test_a_model_that_lacks_a_setting_still_has_its_column_before_the_test(tmp_p
     assert columns.index("qwen") < columns.index("F") and columns.index("llama") < columns.index("F")
     dlp = table.set_index("labels.allocation").loc["dlp"]
     assert not isinstance(dlp["qwen"], tuple) and dlp["note"].startswith("fewer than two")
+
 
 def test_the_cli_writes_the_interaction_table_and_its_figure(tmp_path):
     _backbone_study(tmp_path / "records", {"llama": -0.10, "qwen": 0.0})
