@@ -223,6 +223,24 @@ def test_a_key_added_later_keeps_old_signatures_at_its_neutral_value():
     assert config_signature(budget) != config_signature(config)
 
 
+def test_the_lm_eval_zeroshot_scorer_keeps_the_signature_of_records_written_before_the_key():
+    """`evaluation.zeroshot.scorer` came later: lm_eval (what scored before) is neutral, the shared
+    prefix scorer is a setting of its own."""
+    from prunelab.config import resolved
+    from prunelab.tracking.record import config_signature
+
+    config = resolved(compose_config(["evaluation=realtext"]))
+    zeroshot = config["evaluation"]["zeroshot"]
+    assert zeroshot["scorer"] == "lm_eval"
+    before = {**config, "evaluation": {**config["evaluation"],
+                                       "zeroshot": {k: v for k, v in zeroshot.items() if k != "scorer"}}}
+    assert config_signature(config) == config_signature(before)
+    shared = {**config, "evaluation": {**config["evaluation"], "zeroshot": {**zeroshot, "scorer": "shared_context"}}}
+    assert config_signature(shared) != config_signature(config)
+    no_zeroshot = {**config, "evaluation": {**config["evaluation"], "zeroshot": None}}
+    assert config_signature(no_zeroshot) != config_signature(config)
+
+
 def test_signature_ignores_seed_and_paths_but_not_settings(tmp_path):
     base = build_setup(compose_config(["model=llama2_7b", "seed=0"]))
     other_seed = build_setup(compose_config(["model=llama2_7b", "seed=5", f"paths.records_dir={tmp_path}"]))

@@ -28,10 +28,14 @@ NON_SIGNATURE_FIELDS = (("model", "streaming"), ("model", "max_memory"), ("model
                         ("evaluation", "efficiency"))
 
 
-#: Keys added after records were written, with the value that computes what those records did:
-#: a run at that value keeps the signature it had before the key existed (so it still pairs with,
-#: and resumes from, the earlier records); any other value is part of the signature.
-NEUTRAL_FIELDS = {("pruning", "params_removed"): None}
+#: Keys added after records were written (a path into the config), with the value that computes
+#: what those records did: a run at that value keeps the signature it had before the key existed
+#: (so it still pairs with, and resumes from, the earlier records); any other value is part of the
+#: signature. `evaluation.zeroshot.scorer: lm_eval` is lm-eval's own request loop, what every
+#: zero-shot record before the key scored with; `shared_context` computes each shared prefix once,
+#: equal to float rounding only, so it keeps a signature of its own.
+NEUTRAL_FIELDS = {("pruning", "params_removed"): None,
+                  ("evaluation", "zeroshot", "scorer"): "lm_eval"}
 
 #: Keys whose YAML default became null ("the method's default, unless params_removed replaces
 #: it", so that setting both is an error) after records were written with the default spelled out:
@@ -54,10 +58,21 @@ def config_signature(config: dict[str, Any]) -> str:
         section = kept.get(group)
         if isinstance(section, dict) and section.get(field, 0) is None and section.get("_target_") in defaults:
             kept[group] = {**section, field: defaults[section["_target_"]]}
-    for (group, field), neutral in NEUTRAL_FIELDS.items():
-        if isinstance(kept.get(group), dict) and field in kept[group] and kept[group][field] == neutral:
-            kept[group] = {k: v for k, v in kept[group].items() if k != field}
+    for path, neutral in NEUTRAL_FIELDS.items():
+        kept = _without_neutral(kept, path, neutral)
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _without_neutral(config: dict[str, Any], path: tuple[str, ...], neutral: Any) -> dict[str, Any]:
+    """`config` without the key at `path` where it holds `neutral` (copied along the path only)."""
+    head, *rest = path
+    if head not in config:
+        return config
+    if not rest:
+        return {k: v for k, v in config.items() if k != head} if config[head] == neutral else config
+    if not isinstance(config[head], dict):
+        return config
+    return {**config, head: _without_neutral(config[head], tuple(rest), neutral)}
 
 
 def record_path(records_dir: str | Path, signature: str, seed: int) -> Path:
