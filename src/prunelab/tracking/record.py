@@ -32,8 +32,8 @@ NON_SIGNATURE_FIELDS = (("model", "streaming"), ("model", "max_memory"), ("model
 #: what those records did: a run at that value keeps the signature it had before the key existed
 #: (so it still pairs with, and resumes from, the earlier records); any other value is part of the
 #: signature. `evaluation.zeroshot.scorer: lm_eval` is lm-eval's own request loop, what every
-#: zero-shot record before the key scored with; `shared_context` computes each shared prefix once,
-#: equal to float rounding only, so it keeps a signature of its own.
+#: zero-shot record before the key scored with; `shared_context` computes each shared prefix once
+#: and equals it only up to float rounding, so it keeps a signature of its own.
 NEUTRAL_FIELDS = {("pruning", "params_removed"): None,
                   ("evaluation", "zeroshot", "scorer"): "lm_eval"}
 
