@@ -46,3 +46,13 @@ def test_nothing_moves_when_a_target_exists_or_a_run_holds_a_lease(tmp_path):
     (tmp_path / "stale" / "seed1" / LEASE_NAME).write_text("{}")
     assert main([str(tmp_path)]) == 1
     assert sorted(p.name for p in (tmp_path / "stale").iterdir()) == ["seed0", "seed1"]
+
+
+def test_a_missing_folder_or_two_folders_for_one_target_is_a_one_line_error(tmp_path, capsys):
+    assert main([str(tmp_path / "nowhere")]) == 1
+    assert "is not a folder of records" in capsys.readouterr().err
+    _record(tmp_path, "stale_a", seed=0)
+    _record(tmp_path, "stale_b", seed=0)
+    with pytest.raises(StorageError, match="would receive 2 folders"):
+        resign(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stale_a", "stale_b"]

@@ -22,6 +22,8 @@ from prunelab.tracking.record import config_signature, read_record, write_record
 def planned_moves(records_dir: str | Path) -> list[tuple[Path, Path]]:
     """(seed folder, where it belongs) for each record whose config hashes to another signature."""
     records_dir = Path(records_dir)
+    if not records_dir.is_dir():
+        raise StorageError(f"{records_dir} is not a folder of records (<dir>/<signature>/seed<n>/result.json)")
     moves = []
     for path in sorted(records_dir.glob("*/seed*/result.json")):
         record = read_record(path)
@@ -30,7 +32,11 @@ def planned_moves(records_dir: str | Path) -> list[tuple[Path, Path]]:
         signature = config_signature(record["config"])
         if signature != path.parent.parent.name:
             moves.append((path.parent, records_dir / signature / path.parent.name))
+    targets = [target for _, target in moves]
     for seed_dir, target in moves:
+        if targets.count(target) > 1:
+            raise StorageError(f"{target} would receive {targets.count(target)} folders: "
+                               "records of one setting and seed lie under several stale signatures")
         if target.exists():
             raise StorageError(f"cannot move {seed_dir} to {target}: a record of that setting and seed is there")
         if (seed_dir / LEASE_NAME).exists():
